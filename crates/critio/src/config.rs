@@ -1,0 +1,130 @@
+//! One `Config` for the whole stack: every limit in one place, with the
+//! paper's value as the default, validated with an error that names the
+//! field and says what is allowed.
+//!
+//! Units are last in field names (`helper_window_ms`). A config file is TOML
+//! with the same sections and names; unknown keys are rejected so a typo is
+//! an error, not a silently ignored setting.
+//!
+//! ```toml
+//! [sync]
+//! inheritance = true       # owners/helpers inherit from critical waiters
+//! helper_window_ms = 1000  # inferred condvar helper dropped after this
+//! ```
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::sync::{SyncOptions, HELPER_WINDOW_DEFAULT};
+
+/// The whole stack's configuration.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    /// Priority inheritance through locks and condition variables.
+    pub sync: SyncConfig,
+}
+
+/// The `sync` section.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SyncConfig {
+    /// Whether lock owners and condvar helpers inherit criticality from
+    /// critical waiters. Default: true.
+    pub inheritance: bool,
+    /// How long an inferred condvar helper may go without signalling before
+    /// it is dropped, in milliseconds. Default: 1000 (1 s). Range 1..=60000.
+    pub helper_window_ms: u64,
+}
+
+/// The allowed range of `sync.helper_window_ms`.
+pub const HELPER_WINDOW_MS_RANGE: std::ops::RangeInclusive<u64> = 1..=60_000;
+
+const _: () = assert!(HELPER_WINDOW_DEFAULT.as_millis() as u64 >= *HELPER_WINDOW_MS_RANGE.start());
+const _: () = assert!(HELPER_WINDOW_DEFAULT.as_millis() as u64 <= *HELPER_WINDOW_MS_RANGE.end());
+
+impl Default for SyncConfig {
+    fn default() -> Self {
+        Self {
+            inheritance: true,
+            helper_window_ms: HELPER_WINDOW_DEFAULT.as_millis() as u64,
+        }
+    }
+}
+
+impl SyncConfig {
+    /// Options for a primitive named `name` under this configuration.
+    pub fn options(&self, name: &'static str) -> SyncOptions {
+        SyncOptions::named(name)
+            .inherit(self.inheritance)
+            .helper_window(Duration::from_millis(self.helper_window_ms))
+    }
+}
+
+/// A configuration that cannot be used, and why.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// A field is out of its allowed range.
+    #[error("config: `{field}` = {value} is invalid: {allowed}")]
+    Invalid {
+        /// The dotted field name, as in the config file.
+        field: &'static str,
+        /// The rejected value.
+        value: String,
+        /// What is allowed instead.
+        allowed: String,
+    },
+    /// The config file is not valid TOML for this schema.
+    #[error("config: cannot parse: {0}")]
+    Parse(#[from] toml::de::Error),
+}
+
+impl Config {
+    /// Checks every field; the error names the first bad one.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let window = self.sync.helper_window_ms;
+        if !HELPER_WINDOW_MS_RANGE.contains(&window) {
+            return Err(ConfigError::Invalid {
+                field: "sync.helper_window_ms",
+                value: window.to_string(),
+                allowed: format!(
+                    "must be within {}..={} milliseconds",
+                    HELPER_WINDOW_MS_RANGE.start(),
+                    HELPER_WINDOW_MS_RANGE.end()
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// Parses and validates a TOML config.
+    pub fn from_toml_str(text: &str) -> Result<Config, ConfigError> {
+        let config: Config = toml::from_str(text)?;
+        config.validate()?;
+        Ok(config)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_the_papers_and_valid() {
+        let c = Config::default();
+        c.validate().unwrap();
+        assert!(c.sync.inheritance);
+        assert_eq!(c.sync.helper_window_ms, 1000);
+        assert_eq!(Config::from_toml_str("").unwrap(), c);
+    }
+
+    #[test]
+    fn bad_values_and_unknown_keys_are_named() {
+        let err = Config::from_toml_str("[sync]\nhelper_window_ms = 0").unwrap_err();
+        assert!(err.to_string().contains("sync.helper_window_ms"), "{err}");
+        let err = Config::from_toml_str("[sync]\nhelper_windw_ms = 5").unwrap_err();
+        assert!(err.to_string().contains("helper_windw_ms"), "{err}");
+    }
+}

@@ -1,0 +1,29 @@
+//! critio: request-centric I/O prioritization (RCP) as an embeddable I/O
+//! stack.
+//!
+//! An application marks the threads that serve requests as foreground
+//! ([`context::set_foreground`]). critio then finds every I/O a request
+//! waits for, directly or through any chain of locks, condition variables,
+//! queued I/Os and admission stages, and makes it critical at every layer of
+//! the path, while background work keeps progressing.
+//!
+//! ```text
+//!  context   who is critical now: foreground + inherited; what each task waits on
+//!  sync      Mutex / RwLock / Condvar / Event that pass criticality on
+//!  metrics   wait points and inheritance counters
+//! ```
+//!
+//! Lower layers (cache, log, write cache, block, device) arrive with later
+//! issues; `docs/ARCHITECTURE.md` maps each layer to the paper it implements.
+
+#![warn(missing_docs)]
+#![deny(unsafe_code)]
+
+pub mod config;
+pub mod context;
+pub mod metrics;
+mod shim;
+pub mod sync;
+
+pub use config::{Config, ConfigError};
+pub use context::{current_class, Class};

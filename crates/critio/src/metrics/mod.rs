@@ -1,0 +1,213 @@
+//! Observability: where critical tasks wait, and how often criticality was
+//! inherited.
+//!
+//! Every blocking wait in critio ends at a *wait point*: the name of the lock,
+//! condition variable or stage (`"inode"`, `"log: commit wait"`,
+//! `"admission: block"`). Each wait is recorded per wait point and per class
+//! in a latency histogram, which is what the experiments print as the papers'
+//! Tables 2-3 (max and mean wait of critical tasks per wait point, per
+//! scheme). Counters tally inheritance by kind and the chain walk's steps.
+//!
+//! The registry is process-wide, like the kernel's: experiments that compare
+//! schemes in one run take a [`snapshot`](Metrics::snapshot) after each scheme
+//! and [`reset`](Metrics::reset) before the next.
+
+mod latency;
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{LazyLock, Mutex, MutexGuard};
+use std::time::Duration;
+
+use serde::Serialize;
+
+pub use latency::{LatencyHistogram, LatencySummary, LATENCY_MAX};
+
+use crate::context::{Class, InheritKind};
+
+/// The process-wide metrics registry.
+pub fn global() -> &'static Metrics {
+    static GLOBAL: LazyLock<Metrics> = LazyLock::new(Metrics::default);
+    &GLOBAL
+}
+
+const KINDS: usize = InheritKind::ALL.len();
+
+/// Wait-point histograms and inheritance counters.
+#[derive(Default)]
+pub struct Metrics {
+    waits: Mutex<BTreeMap<(&'static str, Class), LatencyHistogram>>,
+    boosts: [AtomicU64; KINDS],
+    revocations: [AtomicU64; KINDS],
+    helpers_dropped: AtomicU64,
+    chain_steps: AtomicU64,
+    chain_truncated: AtomicU64,
+    chain_cycles: AtomicU64,
+}
+
+impl Metrics {
+    fn waits(&self) -> MutexGuard<'_, BTreeMap<(&'static str, Class), LatencyHistogram>> {
+        // Recording cannot panic midway; recover the data if it ever did.
+        self.waits.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Records one wait of `class` at wait point `point`.
+    pub fn record_wait(&self, point: &'static str, class: Class, waited: Duration) {
+        self.waits()
+            .entry((point, class))
+            .or_default()
+            .record(waited);
+    }
+
+    pub(crate) fn count_boost(&self, kind: InheritKind) {
+        self.boosts[kind.index()].fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn count_revoke(&self, kind: InheritKind) {
+        self.revocations[kind.index()].fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn count_helper_dropped(&self) {
+        self.helpers_dropped.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn count_chain_step(&self) {
+        self.chain_steps.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn count_chain_truncated(&self) {
+        self.chain_truncated.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn count_chain_cycle(&self) {
+        self.chain_cycles.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The histogram of one wait point and class (empty if never recorded).
+    pub fn wait_histogram(&self, point: &str, class: Class) -> LatencyHistogram {
+        self.waits()
+            .iter()
+            .find(|((p, c), _)| *p == point && *c == class)
+            .map(|(_, h)| h.clone())
+            .unwrap_or_default()
+    }
+
+    /// A copy of everything recorded so far.
+    pub fn snapshot(&self) -> MetricsSnapshot {
+        let wait_points = self
+            .waits()
+            .iter()
+            .map(|(&(point, class), h)| WaitPointStats {
+                point: point.to_owned(),
+                class,
+                latency: h.summary(),
+            })
+            .collect();
+        let inheritance = InheritKind::ALL
+            .iter()
+            .map(|&kind| InheritCount {
+                kind,
+                boosts: self.boosts[kind.index()].load(Ordering::Relaxed),
+                revocations: self.revocations[kind.index()].load(Ordering::Relaxed),
+            })
+            .collect();
+        MetricsSnapshot {
+            wait_points,
+            inheritance,
+            helpers_dropped: self.helpers_dropped.load(Ordering::Relaxed),
+            chain_steps: self.chain_steps.load(Ordering::Relaxed),
+            chain_truncated: self.chain_truncated.load(Ordering::Relaxed),
+            chain_cycles: self.chain_cycles.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Forgets everything recorded so far.
+    pub fn reset(&self) {
+        self.waits().clear();
+        let counters = self.boosts.iter().chain(&self.revocations).chain([
+            &self.helpers_dropped,
+            &self.chain_steps,
+            &self.chain_truncated,
+            &self.chain_cycles,
+        ]);
+        for c in counters {
+            c.store(0, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Waits at one wait point by one class.
+#[derive(Clone, Debug, Serialize)]
+pub struct WaitPointStats {
+    /// The wait point's name.
+    pub point: String,
+    /// The class of the waiting tasks.
+    pub class: Class,
+    /// Wait time distribution.
+    pub latency: LatencySummary,
+}
+
+/// Inheritance events of one kind.
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct InheritCount {
+    /// What criticality was inherited through.
+    pub kind: InheritKind,
+    /// Times a task inherited criticality this way.
+    pub boosts: u64,
+    /// Times that inheritance was revoked.
+    pub revocations: u64,
+}
+
+/// A copy of the metrics at one moment.
+#[derive(Clone, Debug, Serialize)]
+pub struct MetricsSnapshot {
+    /// Per wait point and class.
+    pub wait_points: Vec<WaitPointStats>,
+    /// Per inheritance kind.
+    pub inheritance: Vec<InheritCount>,
+    /// Inferred condvar helpers dropped for not signalling within the window.
+    pub helpers_dropped: u64,
+    /// Transitive steps taken by chain walks (beyond the first object).
+    pub chain_steps: u64,
+    /// Chain walks cut at the depth bound.
+    pub chain_truncated: u64,
+    /// Tasks met twice in one walk (a dependency cycle).
+    pub chain_cycles: u64,
+}
+
+impl MetricsSnapshot {
+    /// The wait-point table for critical tasks, in the shape of paper 000
+    /// Tables 2-3: one row per wait point, max and mean wait.
+    pub fn critical_wait_table(&self) -> String {
+        let mut out = String::new();
+        let _ = writeln!(
+            out,
+            "{:<32} {:>10} {:>12} {:>12}",
+            "wait point (critical)", "waits", "mean ms", "max ms"
+        );
+        for w in self
+            .wait_points
+            .iter()
+            .filter(|w| w.class == Class::Critical)
+        {
+            let _ = writeln!(
+                out,
+                "{:<32} {:>10} {:>12.3} {:>12.3}",
+                w.point,
+                w.latency.count,
+                w.latency.mean_us / 1000.0,
+                w.latency.max_us / 1000.0
+            );
+        }
+        out
+    }
+
+    /// Boosts of one kind.
+    pub fn boosts(&self, kind: InheritKind) -> u64 {
+        self.inheritance
+            .iter()
+            .find(|c| c.kind == kind)
+            .map_or(0, |c| c.boosts)
+    }
+}

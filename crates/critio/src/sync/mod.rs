@@ -1,0 +1,83 @@
+//! Synchronization primitives that pass criticality on: [`Mutex`],
+//! [`RwLock`], [`Condvar`] and [`Event`].
+//!
+//! They are drop-in shaped like std's and parking_lot's (guards, no
+//! poisoning), and they close the task-dependency half of I/O priority
+//! inversion (paper 000, Section 4.2.1):
+//!
+//! | primitive | a critical waiter makes ... inherit | until             |
+//! |-----------|-------------------------------------|-------------------|
+//! | Mutex     | the owner                           | it unlocks        |
+//! | RwLock    | the writer, or every current reader | each releases     |
+//! | Condvar   | every helper (signaller)            | it signals, or the helper window passes |
+//! | Event     | every helper (setter)               | it sets, or the window passes |
+//!
+//! After each inheritance step the chain walk follows the new inheritor's
+//! blocking status (lock -> owner -> condvar -> helper -> ... -> I/O or
+//! admission stage), bounded and cycle-safe; see [`crate::context`].
+//!
+//! What each class gets: with no critical waiter, these behave like ordinary
+//! FIFO-fair locks (a background waiter is never overtaken by later critical
+//! ones; instead it inherits while they wait behind it). With one, the tasks
+//! it depends on run as critical, so the I/O they issue is served first by
+//! every layer below.
+
+mod condvar;
+mod event;
+mod helpers;
+mod mutex;
+mod rwlock;
+mod waiters;
+
+use std::time::Duration;
+
+pub use condvar::{Condvar, WaitTimeoutResult};
+pub use event::Event;
+pub use mutex::{Mutex, MutexGuard};
+pub use rwlock::{RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+/// The default helper window: an inferred condvar helper that has not
+/// signalled for this long stops inheriting (paper 000, Section 4.2.1).
+pub const HELPER_WINDOW_DEFAULT: Duration = Duration::from_secs(1);
+
+/// Options shared by the primitives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SyncOptions {
+    /// The wait point waits on this primitive are accounted to.
+    pub name: &'static str,
+    /// Whether a critical waiter makes the owner/helpers inherit. Off gives
+    /// the "classes without inheritance" scheme.
+    pub inherit: bool,
+    /// How long an inferred helper may go without signalling before it is
+    /// dropped (condvars and events only).
+    pub helper_window: Duration,
+}
+
+impl SyncOptions {
+    /// Defaults with a name: inheritance on, 1 s helper window.
+    pub const fn named(name: &'static str) -> Self {
+        Self {
+            name,
+            inherit: true,
+            helper_window: HELPER_WINDOW_DEFAULT,
+        }
+    }
+
+    /// The same options with inheritance switched on or off.
+    pub const fn inherit(mut self, on: bool) -> Self {
+        self.inherit = on;
+        self
+    }
+
+    /// The same options with another helper window.
+    pub const fn helper_window(mut self, window: Duration) -> Self {
+        self.helper_window = window;
+        self
+    }
+}
+
+impl Default for SyncOptions {
+    fn default() -> Self {
+        Self::named("unnamed")
+    }
+}
