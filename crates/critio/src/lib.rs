@@ -21,9 +21,11 @@
 
 pub mod config;
 pub mod context;
+pub mod device;
 pub mod metrics;
 mod shim;
 pub mod sync;
+pub mod time;
 
 pub use config::{Config, ConfigError};
 pub use context::{current_class, Class};

@@ -2,6 +2,8 @@
 
 #![allow(dead_code)]
 
+pub mod conformance;
+
 use std::time::{Duration, Instant};
 
 use critio::context::{BlockingStatus, TaskRef};

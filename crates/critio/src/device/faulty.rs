@@ -1,0 +1,1 @@
+//! `faulty`: fault injection around any device (being written for issue 3).

@@ -1,0 +1,282 @@
+//! Devices: one [`Device`] trait over every backend, real and simulated.
+//!
+//! ```text
+//!   block layer ──Command{op, offset, buf, class}──> Device::submit
+//!        ^                                               │
+//!        └──────────── Completer(Completion) <───────────┘  (any thread)
+//! ```
+//!
+//! | backend  | what                                          | priority reaches        |
+//! |----------|-----------------------------------------------|-------------------------|
+//! | `uring`  | io_uring, O_DIRECT, per-request `ioprio`      | kernel scheduler, drive |
+//! | `pool`   | pread/pwrite on per-class worker threads      | kernel (`ioprio_set`)   |
+//! | `sim`    | HDD/SSD timing model, NCQ + firmware reorder  | simulated firmware      |
+//! | `mem`    | memory, completes inline                      | nothing (tests)         |
+//! | `faulty` | wraps any device: EIO, spikes, torn writes    | the wrapped device      |
+//!
+//! A command's buffer moves into the device and comes back in the
+//! completion, so an in-flight buffer is never shared. Offsets and lengths
+//! must be multiples of the device's block size ([`validate`] says which rule
+//! a command broke). Every backend passes the same conformance suite
+//! (`tests/device_conformance.rs`).
+
+mod buf;
+pub mod faulty;
+pub mod mem;
+pub mod pool;
+pub mod sim;
+#[allow(unsafe_code)] // the kernel interface: the only module with `unsafe`
+pub mod uring;
+
+use std::fmt;
+use std::sync::mpsc;
+
+pub use buf::{AlignedBuf, BUF_ALIGN};
+
+use crate::context::Class;
+
+/// What a command does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Op {
+    /// Fill the buffer from the device.
+    Read,
+    /// Write the buffer to the device.
+    Write,
+    /// Make every completed write durable.
+    Flush,
+}
+
+impl fmt::Display for Op {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Op::Read => "read",
+            Op::Write => "write",
+            Op::Flush => "flush",
+        })
+    }
+}
+
+/// One command to a device.
+#[derive(Debug)]
+pub struct Command {
+    /// Read, write or flush.
+    pub op: Op,
+    /// Byte offset (a multiple of the block size; 0 for flushes).
+    pub offset: u64,
+    /// The data to write, or the buffer to read into (its length is the
+    /// transfer size; empty for flushes).
+    pub buf: AlignedBuf,
+    /// The request's class, handed to the device's own priority mechanism.
+    pub class: Class,
+}
+
+impl Command {
+    /// A read of `len` bytes at `offset`.
+    pub fn read(offset: u64, len: usize, class: Class) -> Self {
+        Self {
+            op: Op::Read,
+            offset,
+            buf: AlignedBuf::zeroed(len),
+            class,
+        }
+    }
+
+    /// A write of `buf` at `offset`.
+    pub fn write(offset: u64, buf: AlignedBuf, class: Class) -> Self {
+        Self {
+            op: Op::Write,
+            offset,
+            buf,
+            class,
+        }
+    }
+
+    /// A flush.
+    pub fn flush(class: Class) -> Self {
+        Self {
+            op: Op::Flush,
+            offset: 0,
+            buf: AlignedBuf::empty(),
+            class,
+        }
+    }
+
+    /// Bytes transferred.
+    pub fn len(&self) -> usize {
+        self.buf.len()
+    }
+
+    /// Whether the command transfers no bytes (a flush).
+    pub fn is_empty(&self) -> bool {
+        self.buf.is_empty()
+    }
+}
+
+/// A command's outcome, with its buffer back.
+#[derive(Debug)]
+pub struct Completion {
+    /// Success, or why not.
+    pub result: Result<(), DeviceError>,
+    /// The command's buffer (filled, for a successful read).
+    pub buf: AlignedBuf,
+}
+
+/// Called exactly once with a command's completion, on any thread (possibly
+/// inside `submit`, before it returns).
+pub type Completer = Box<dyn FnOnce(Completion) + Send>;
+
+/// What a device is.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct DeviceInfo {
+    /// A name for tables and errors (`mem`, `sim-hdd`, `uring:/path`).
+    pub name: String,
+    /// Size in bytes.
+    pub capacity: u64,
+    /// Offsets and lengths must be multiples of this.
+    pub block_size: u32,
+    /// How many commands the device takes at once to good effect (its
+    /// internal queue depth); the block layer never dispatches more.
+    pub queue_depth: u32,
+}
+
+/// A storage device.
+pub trait Device: Send + Sync + 'static {
+    /// What the device is.
+    fn info(&self) -> &DeviceInfo;
+
+    /// Starts `cmd`; `done` is called exactly once with its outcome. Invalid
+    /// commands complete at once with the error from [`validate`].
+    fn submit(&self, cmd: Command, done: Completer);
+}
+
+/// Why a command or a device failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum DeviceError {
+    /// The operating system reported an error.
+    #[error("{device}: {op} at offset {offset} failed: {source}")]
+    Io {
+        /// The device's name.
+        device: String,
+        /// The operation.
+        op: Op,
+        /// Its offset.
+        offset: u64,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Offset or length is not a multiple of the block size.
+    #[error("{device}: {what} {value} is not a multiple of the block size {block_size}; align it")]
+    Unaligned {
+        /// The device's name.
+        device: String,
+        /// `offset` or `length`.
+        what: &'static str,
+        /// The bad value.
+        value: u64,
+        /// The required multiple.
+        block_size: u32,
+    },
+    /// The command reaches past the end of the device.
+    #[error("{device}: {op} of {len} bytes at offset {offset} is past the end ({capacity} bytes)")]
+    OutOfRange {
+        /// The device's name.
+        device: String,
+        /// The operation.
+        op: Op,
+        /// Its offset.
+        offset: u64,
+        /// Its length.
+        len: u64,
+        /// The device's size.
+        capacity: u64,
+    },
+    /// An error injected by the `faulty` device.
+    #[error("{device}: injected I/O error on {op} at offset {offset}")]
+    Injected {
+        /// The device's name.
+        device: String,
+        /// The operation.
+        op: Op,
+        /// Its offset.
+        offset: u64,
+    },
+    /// The device has no space left for this write.
+    #[error("{device}: no space left for a {len}-byte write at offset {offset}")]
+    NoSpace {
+        /// The device's name.
+        device: String,
+        /// Its offset.
+        offset: u64,
+        /// Its length.
+        len: u64,
+    },
+    /// The device lost power (simulated) and refuses commands until restarted.
+    #[error("{device}: device is powered off (simulated power cut)")]
+    PoweredOff {
+        /// The device's name.
+        device: String,
+    },
+    /// The device could not be opened; `cause` says why and what to do.
+    #[error("cannot open device {device}: {cause}")]
+    Open {
+        /// What was being opened.
+        device: String,
+        /// Why it failed, in plain words.
+        cause: String,
+    },
+}
+
+/// Checks a command against the device's rules: alignment, range, and an
+/// empty buffer for flushes.
+pub fn validate(info: &DeviceInfo, cmd: &Command) -> Result<(), DeviceError> {
+    let block = u64::from(info.block_size);
+    let unaligned = |what, value| DeviceError::Unaligned {
+        device: info.name.clone(),
+        what,
+        value,
+        block_size: info.block_size,
+    };
+    if cmd.op == Op::Flush {
+        assert!(cmd.buf.is_empty(), "a flush carries no data");
+        return Ok(());
+    }
+    let len = cmd.len() as u64;
+    if cmd.offset % block != 0 {
+        return Err(unaligned("offset", cmd.offset));
+    }
+    if len == 0 || len % block != 0 {
+        return Err(unaligned("length", len));
+    }
+    if cmd
+        .offset
+        .checked_add(len)
+        .is_none_or(|end| end > info.capacity)
+    {
+        return Err(DeviceError::OutOfRange {
+            device: info.name.clone(),
+            op: cmd.op,
+            offset: cmd.offset,
+            len,
+            capacity: info.capacity,
+        });
+    }
+    Ok(())
+}
+
+/// Submits `cmd` and blocks the calling thread until it completes. For tests
+/// and simple tools; the block layer never blocks a device thread.
+pub fn submit_and_wait(device: &dyn Device, cmd: Command) -> Completion {
+    let (tx, rx) = mpsc::sync_channel(1);
+    device.submit(
+        cmd,
+        Box::new(move |c| {
+            // The receiver only goes away if the caller panicked.
+            let _ = tx.send(c);
+        }),
+    );
+    rx.recv()
+        .expect("a device dropped a completer without calling it")
+}

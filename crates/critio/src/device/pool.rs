@@ -1,0 +1,1 @@
+//! `pool`: pread/pwrite on per-class worker threads (being written for issue 3).

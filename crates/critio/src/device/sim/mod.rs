@@ -1,0 +1,1 @@
+//! `sim`: simulated HDD and SSD (being written for issue 3).
