@@ -1,1 +1,232 @@
-//! `uring`: io_uring with O_DIRECT (being written for issue 3).
+//! `uring`: the real device. io_uring with O_DIRECT, each request carrying
+//! its class to the kernel's block layer and the drive in the SQE's
+//! `ioprio`; and the kernel I/O-priority interface the `pool` backend and
+//! the context layer use ([`IoPriority`], [`set_thread_ioprio`]).
+//!
+//! This module is the kernel interface, the only place in critio with
+//! `unsafe`: the two `ioprio` system calls (`sys.rs`) and pushing SQEs whose
+//! buffers the kernel reads and writes (`state.rs`).
+//!
+//! ```text
+//!  submitting threads (any number)                  reaper thread (one)
+//!  ───────────────────────────────                  ───────────────────
+//!  submit(cmd, done)
+//!    validate ──bad──> done(Err) at once
+//!    lock ─> slot = table.insert(buf, done)         poll(eventfd)  <─┐
+//!         ─> SQE{op, fd, buf ptr, offset,           read(eventfd)    │
+//!                ioprio(class), user_data=slot}     lock ─> CQEs ─>  │
+//!         ─> io_uring_enter ─> unlock                 table.remove   │
+//!                   │                               unlock           │
+//!                   v                               done(Completion) │
+//!     kernel ─> block layer (mq-deadline sees        ────────────────┘
+//!               ioprio) ─> drive ─> CQE ─> eventfd
+//! ```
+//!
+//! | module    | what                                                       |
+//! |-----------|------------------------------------------------------------|
+//! | `sys`     | raw `ioprio_set`/`ioprio_get`                              |
+//! | `prio`    | [`IoPriority`], [`ClassPriorities`], the thread functions  |
+//! | `file`    | opening and probing the file (shared with `pool`)          |
+//! | `ring`    | setting up the ring, with errors that say what to do       |
+//! | `table`   | in-flight commands by `user_data`, owning their buffers    |
+//! | `state`   | submission, resubmission, completion, behind one lock      |
+//! | `reaper`  | the completion thread                                      |
+//!
+//! What each class gets: critical requests go as `Realtime(0)` and
+//! non-critical ones as `Idle` by default ([`ClassPriorities`]). Where the
+//! kernel refuses RT (no `CAP_SYS_NICE`), the first refused request and
+//! every later one go as `BestEffort(0)` instead;
+//! [`UringDevice::effective_priorities`] says which is in use. With
+//! `per_request_ioprio` off, every request carries 0 and the kernel uses the
+//! submitting thread's priority: the "none" baseline of the experiments.
+//!
+//! Block size 4096: O_DIRECT needs offsets, lengths and buffer addresses
+//! aligned to the logical block size, which is 512 or 4096 on the disks and
+//! filesystems critio targets, so 4096 is always safe (a block device with
+//! a larger logical block size gets that instead).
+
+mod file;
+mod prio;
+mod reaper;
+mod ring;
+mod state;
+mod sys;
+mod table;
+
+use std::path::Path;
+use std::sync::Arc;
+use std::thread::{self, JoinHandle};
+
+use parking_lot::Mutex;
+use rustix::event::{eventfd, EventfdFlags};
+
+pub(crate) use file::FileSpec;
+pub use file::{BUFFERED_BLOCK_SIZE, DIRECT_BLOCK_SIZE};
+pub use prio::{
+    set_thread_ioprio, set_thread_ioprio_or_fallback, thread_ioprio, ClassPriorities, InvalidLevel,
+    IoPriority,
+};
+
+use self::reaper::Shared;
+use self::state::State;
+use super::{validate, Command, Completer, Completion, Device, DeviceError, DeviceInfo};
+
+/// The default ring size, which is also the queue depth.
+pub const ENTRIES_DEFAULT: u32 = 128;
+/// The largest ring critio sets up (the in-flight table is this big).
+pub const ENTRIES_MAX: u32 = 4096;
+
+const _: () = assert!(ENTRIES_DEFAULT.is_power_of_two());
+const _: () = assert!(ENTRIES_DEFAULT <= ENTRIES_MAX);
+
+/// How to open a [`UringDevice`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UringOptions {
+    /// SQ entries: the queue depth, and the most commands in flight (more
+    /// wait in a FIFO). A power of two, 1 to [`ENTRIES_MAX`].
+    /// Default: [`ENTRIES_DEFAULT`] (128).
+    pub entries: u32,
+    /// If the file does not exist, create it with this many bytes (a
+    /// multiple of 4096). Default: `None`, a missing file is an error.
+    pub create_size: Option<u64>,
+    /// Whether each request carries its class's `ioprio`. Default: true.
+    /// Off, every SQE carries 0 (the "none" baseline).
+    pub per_request_ioprio: bool,
+    /// The `ioprio` of each class. Default: critical `Realtime(0)`,
+    /// non-critical `Idle`.
+    pub priorities: ClassPriorities,
+}
+
+impl Default for UringOptions {
+    fn default() -> Self {
+        Self {
+            entries: ENTRIES_DEFAULT,
+            create_size: None,
+            per_request_ioprio: true,
+            priorities: ClassPriorities::default(),
+        }
+    }
+}
+
+/// A file or block device driven through io_uring with O_DIRECT.
+pub struct UringDevice {
+    shared: Arc<Shared>,
+    reaper: Option<JoinHandle<()>>,
+}
+
+impl UringDevice {
+    /// Opens `path` (a regular file or a block device) read-write with
+    /// O_DIRECT, probes io_uring and O_DIRECT, and starts the reaper.
+    ///
+    /// Errors ([`DeviceError::Open`]) say why and what to do: io_uring
+    /// missing or disabled, no such file, no O_DIRECT on the filesystem, a
+    /// bad option.
+    pub fn open(path: impl AsRef<Path>, options: UringOptions) -> Result<Self, DeviceError> {
+        let path = path.as_ref();
+        let device = format!("uring:{}", path.display());
+        let fail = |cause: String| DeviceError::Open {
+            device: device.clone(),
+            cause,
+        };
+        check_options(&options).map_err(fail)?;
+        let opened = FileSpec {
+            path,
+            device: &device,
+            direct: true,
+            create_size: options.create_size,
+            no_direct_hint: "the pool backend",
+        }
+        .open()?;
+        let eventfd = eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)
+            .map_err(|e| fail(format!("cannot create an eventfd: {e}")))?;
+        let ring = ring::build(options.entries, &eventfd).map_err(fail)?;
+        let priorities = options.per_request_ioprio.then_some(options.priorities);
+        let state = State::new(ring, opened.file, priorities);
+        let shared = Arc::new(Shared {
+            info: DeviceInfo {
+                name: device.clone(),
+                capacity: opened.capacity,
+                block_size: opened.block_size,
+                queue_depth: options.entries,
+            },
+            state: Mutex::new(state),
+            eventfd,
+        });
+        let for_reaper = shared.clone();
+        let reaper = thread::Builder::new()
+            .name("critio-uring-reaper".into())
+            .spawn(move || reaper::run(for_reaper))
+            .map_err(|e| fail(format!("cannot start the reaper thread: {e}")))?;
+        Ok(Self {
+            shared,
+            reaper: Some(reaper),
+        })
+    }
+
+    /// The `ioprio` each class is sent with now: the configured one, or
+    /// after the kernel refused RT, its fallback ([`IoPriority::fallback`]).
+    /// [`ClassPriorities::NONE`] when per-request ioprio is off.
+    pub fn effective_priorities(&self) -> ClassPriorities {
+        self.shared
+            .state
+            .lock()
+            .priorities()
+            .unwrap_or(ClassPriorities::NONE)
+    }
+}
+
+fn check_options(options: &UringOptions) -> Result<(), String> {
+    let entries = options.entries;
+    if !entries.is_power_of_two() || entries > ENTRIES_MAX {
+        return Err(format!(
+            "entries {entries} must be a power of two from 1 to {ENTRIES_MAX}"
+        ));
+    }
+    options.priorities.check().map_err(|e| e.to_string())?;
+    Ok(())
+}
+
+impl Device for UringDevice {
+    fn info(&self) -> &DeviceInfo {
+        &self.shared.info
+    }
+
+    fn submit(&self, cmd: Command, done: Completer) {
+        if let Err(e) = validate(&self.shared.info, &cmd) {
+            done(Completion {
+                result: Err(e),
+                buf: cmd.buf,
+            });
+            return;
+        }
+        let mut state = self.shared.state.lock();
+        assert!(!state.closing, "submit on a device being dropped");
+        state.admit(cmd, done);
+        if state.needs_retry() {
+            drop(state);
+            self.shared.wake();
+        }
+    }
+}
+
+impl Drop for UringDevice {
+    /// Stops taking commands (there is no one left to submit), waits until
+    /// every command in flight has completed and its completer returned,
+    /// and joins the reaper. Dropped by a completer on the reaper itself,
+    /// it returns at once; the reaper finishes the rest and exits.
+    fn drop(&mut self) {
+        self.shared.state.lock().closing = true;
+        self.shared.wake();
+        let Some(reaper) = self.reaper.take() else {
+            return;
+        };
+        if reaper.thread().id() == thread::current().id() {
+            return;
+        }
+        if let Err(panic) = reaper.join() {
+            if !thread::panicking() {
+                std::panic::resume_unwind(panic);
+            }
+        }
+    }
+}

@@ -1,0 +1,86 @@
+//! Raw system calls that neither `io-uring` nor `rustix` wrap: the
+//! per-thread I/O priority (`ioprio_set(2)`, `ioprio_get(2)`).
+//!
+//! An I/O priority is a 16-bit value, the class in the top 3 bits and the
+//! level (0 = highest) in the low bits:
+//!
+//! ```text
+//!   bits 15..13   bits 12..3          bits 2..0
+//!  +-----------+-------------------+-----------+
+//!  |  class    | hints (ignored)   |  level    |     0 == no priority set
+//!  +-----------+-------------------+-----------+
+//!    1 = RT, 2 = BE, 3 = IDLE
+//! ```
+//!
+//! The same value goes into an io_uring SQE's `ioprio` field for one
+//! request, or into a thread's I/O context with `ioprio_set`, where it
+//! applies to every I/O the thread issues without a per-request value.
+//! The safe, typed interface is [`super::prio`].
+
+use std::io;
+
+/// No class: the kernel derives a priority from the thread's CPU nice value.
+pub const IOPRIO_CLASS_NONE: u16 = 0;
+/// Real-time: served before every other class; needs `CAP_SYS_NICE` or
+/// `CAP_SYS_ADMIN`.
+pub const IOPRIO_CLASS_RT: u16 = 1;
+/// Best-effort: the default class, levels 0 (high) to 7 (low).
+pub const IOPRIO_CLASS_BE: u16 = 2;
+/// Idle: served only when no other class has I/O pending (on schedulers
+/// that honour classes).
+pub const IOPRIO_CLASS_IDLE: u16 = 3;
+
+/// Where the class starts in an I/O priority value.
+pub const IOPRIO_CLASS_SHIFT: u16 = 13;
+/// The bits of the level (kernels since 6.5 use bits 3..12 for hints).
+pub const IOPRIO_LEVEL_MASK: u16 = 0x7;
+/// The number of levels per class (0..=7).
+pub const IOPRIO_LEVELS: u8 = 8;
+
+const _: () = assert!(IOPRIO_LEVELS as u16 == IOPRIO_LEVEL_MASK + 1);
+const _: () = assert!(IOPRIO_CLASS_IDLE << IOPRIO_CLASS_SHIFT >> IOPRIO_CLASS_SHIFT == 3);
+
+/// `ioprio_set`/`ioprio_get` target: one thread (a tid) or, with 0, the
+/// calling thread.
+const IOPRIO_WHO_PROCESS: libc::c_int = 1;
+
+/// The raw value for `class` and `level`.
+pub const fn ioprio_value(class: u16, level: u16) -> u16 {
+    (class << IOPRIO_CLASS_SHIFT) | (level & IOPRIO_LEVEL_MASK)
+}
+
+/// Sets the I/O priority of thread `tid` (0 = the calling thread).
+pub fn ioprio_set(tid: i32, value: u16) -> io::Result<()> {
+    // SAFETY: `ioprio_set(which, who, ioprio)` takes three integers by value
+    // and touches no memory of this process; a bad tid or value is reported
+    // as -1/errno, which is checked below.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_ioprio_set,
+            IOPRIO_WHO_PROCESS,
+            tid as libc::c_int,
+            libc::c_int::from(value),
+        )
+    };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// The I/O priority of thread `tid` (0 = the calling thread).
+pub fn ioprio_get(tid: i32) -> io::Result<u16> {
+    // SAFETY: `ioprio_get(which, who)` takes two integers by value and
+    // touches no memory of this process; it returns the priority or -1 with
+    // errno, which is checked below.
+    let rc = unsafe { libc::syscall(libc::SYS_ioprio_get, IOPRIO_WHO_PROCESS, tid as libc::c_int) };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    u16::try_from(rc).map_err(|_| {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("ioprio_get returned {rc}, which is not a 16-bit I/O priority"),
+        )
+    })
+}
