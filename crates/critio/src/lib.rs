@@ -19,6 +19,7 @@
 #![warn(missing_docs)]
 #![deny(unsafe_code)]
 
+pub mod block;
 pub mod config;
 pub mod context;
 pub mod device;

@@ -40,6 +40,7 @@ pub struct Metrics {
     waits: Mutex<BTreeMap<(&'static str, Class), LatencyHistogram>>,
     boosts: [AtomicU64; KINDS],
     revocations: [AtomicU64; KINDS],
+    resolutions: [AtomicU64; KINDS],
     helpers_dropped: AtomicU64,
     chain_steps: AtomicU64,
     chain_truncated: AtomicU64,
@@ -66,6 +67,12 @@ impl Metrics {
 
     pub(crate) fn count_revoke(&self, kind: InheritKind) {
         self.revocations[kind.index()].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts a dependency resolved without a task inheriting: an I/O
+    /// promoted, an admission waiter retried as critical.
+    pub fn count_resolution(&self, kind: InheritKind) {
+        self.resolutions[kind.index()].fetch_add(1, Ordering::Relaxed);
     }
 
     pub(crate) fn count_helper_dropped(&self) {
@@ -110,6 +117,7 @@ impl Metrics {
                 kind,
                 boosts: self.boosts[kind.index()].load(Ordering::Relaxed),
                 revocations: self.revocations[kind.index()].load(Ordering::Relaxed),
+                resolutions: self.resolutions[kind.index()].load(Ordering::Relaxed),
             })
             .collect();
         MetricsSnapshot {
@@ -125,12 +133,17 @@ impl Metrics {
     /// Forgets everything recorded so far.
     pub fn reset(&self) {
         self.waits().clear();
-        let counters = self.boosts.iter().chain(&self.revocations).chain([
-            &self.helpers_dropped,
-            &self.chain_steps,
-            &self.chain_truncated,
-            &self.chain_cycles,
-        ]);
+        let counters = self
+            .boosts
+            .iter()
+            .chain(&self.revocations)
+            .chain(&self.resolutions)
+            .chain([
+                &self.helpers_dropped,
+                &self.chain_steps,
+                &self.chain_truncated,
+                &self.chain_cycles,
+            ]);
         for c in counters {
             c.store(0, Ordering::Relaxed);
         }
@@ -157,6 +170,9 @@ pub struct InheritCount {
     pub boosts: u64,
     /// Times that inheritance was revoked.
     pub revocations: u64,
+    /// Dependencies resolved without a task inheriting (I/O promotions,
+    /// admission waiters retried as critical).
+    pub resolutions: u64,
 }
 
 /// A copy of the metrics at one moment.

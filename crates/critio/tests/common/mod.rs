@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod conformance;
+pub mod gate;
 
 use std::time::{Duration, Instant};
 

@@ -1,0 +1,496 @@
+//! The block layer's driver: runs the scheduler core on the caller's threads
+//! and the device's completion threads, against a real clock.
+//!
+//! ```text
+//!  submit (caller) ──lock core──> Scheduler::submit ──no slot──> park ("block: admission")
+//!        │                                                            ^ woken by a completion
+//!        v                                                            │ or a promotion
+//!  kick: while Scheduler::dispatch -> Device::submit (outside the lock)
+//!                                                │
+//!  device completion thread <────────────────────┘
+//!        └─> Scheduler::complete, wake admitted submitters, finish the handle, kick
+//!  timer thread: kicks when an anticipation window or a cap probe ends
+//! ```
+//!
+//! One thread dispatches at a time (a `dispatching` flag); a kick that finds
+//! another dispatcher leaves the work to it, which re-checks the core after
+//! each batch, so a device that completes inline cannot recurse.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+use std::thread::JoinHandle;
+
+use parking_lot::{Condvar, Mutex};
+
+use super::request::{IoHandle, IoState};
+use super::sched::{Promotion, ReqInfo, Scheduler};
+use super::stats::StatsAcc;
+use super::{BlockConfig, BlockStats, ReqId, IO_LEN_MAX};
+use crate::config::ConfigError;
+use crate::context::{self, Blocker, BlockingStatus, Class, InheritKind, TaskRef, WaitScope};
+use crate::device::{validate, AlignedBuf, Command, Completion, Device, DeviceError, Op};
+use crate::metrics;
+use crate::shim::thread;
+use crate::time::{Clock, Nanos};
+
+/// The wait point of admission waits.
+pub const ADMISSION_POINT: &str = "block: admission";
+/// The wait point of queue waits (admission to dispatch), per class.
+pub const QUEUE_POINT: &str = "block: queue";
+/// The default wait point of waits for a request's completion.
+pub const IO_POINT: &str = "block: io";
+
+/// Why a request failed.
+#[derive(Clone, Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum BlockError {
+    /// The device refused or failed the command.
+    #[error(transparent)]
+    Device(Arc<DeviceError>),
+    /// The request is larger than the block layer accepts.
+    #[error("block layer: a {len}-byte request exceeds the {max}-byte limit; split it")]
+    TooLarge {
+        /// The request's length.
+        len: u64,
+        /// The limit ([`IO_LEN_MAX`]).
+        max: u64,
+    },
+}
+
+impl From<DeviceError> for BlockError {
+    fn from(e: DeviceError) -> Self {
+        BlockError::Device(Arc::new(e))
+    }
+}
+
+/// What the core keeps per request.
+struct Payload {
+    cmd: Option<Command>,
+    state: Arc<IoState>,
+    /// The submitter, while it waits for admission.
+    admission_waiter: Option<TaskRef>,
+}
+
+struct Core {
+    sched: Scheduler<Payload>,
+    stats: StatsAcc,
+    dispatching: bool,
+    timer_at: Option<Nanos>,
+    shutdown: bool,
+}
+
+/// Called with the id of a request promoted while at the device.
+pub type AtDeviceHook = Arc<dyn Fn(ReqId) + Send + Sync>;
+
+pub(crate) struct Inner {
+    device: Arc<dyn Device>,
+    cfg: BlockConfig,
+    clock: Clock,
+    core: Mutex<Core>,
+    timer_cv: Condvar,
+    next_id: AtomicU64,
+    at_device_hook: Mutex<Option<AtDeviceHook>>,
+}
+
+/// A block layer in front of one device. Share it with `Arc`; dropping it
+/// stops its timer thread (outstanding requests still complete).
+pub struct BlockLayer {
+    inner: Arc<Inner>,
+    timer: Option<JoinHandle<()>>,
+}
+
+impl BlockLayer {
+    /// A block layer over `device` with `cfg`.
+    pub fn new(device: Arc<dyn Device>, cfg: BlockConfig) -> Result<Self, ConfigError> {
+        cfg.validate()?;
+        let depth = device.info().queue_depth.max(1);
+        let inner = Arc::new(Inner {
+            device,
+            cfg,
+            clock: Clock::new(),
+            core: Mutex::new(Core {
+                sched: Scheduler::new(cfg.sched(depth)),
+                stats: StatsAcc::default(),
+                dispatching: false,
+                timer_at: None,
+                shutdown: false,
+            }),
+            timer_cv: Condvar::new(),
+            next_id: AtomicU64::new(1),
+            at_device_hook: Mutex::new(None),
+        });
+        let timer = {
+            let inner = inner.clone();
+            std::thread::Builder::new()
+                .name("critio-block-timer".into())
+                .spawn(move || inner.timer_loop())
+                .expect("cannot spawn the block timer thread")
+        };
+        Ok(Self {
+            inner,
+            timer: Some(timer),
+        })
+    }
+
+    /// The device below.
+    pub fn device(&self) -> &Arc<dyn Device> {
+        &self.inner.device
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &BlockConfig {
+        &self.inner.cfg
+    }
+
+    /// Submits a request. `sync`: the caller will wait for it, so it takes
+    /// the caller's class (per the scheme); otherwise it is non-critical
+    /// (writeback, read-ahead) until someone critical waits for it. Blocks
+    /// while no admission slot is free. `point` names the wait point of waits
+    /// on the returned handle.
+    pub fn submit(
+        &self,
+        op: Op,
+        offset: u64,
+        buf: AlignedBuf,
+        sync: bool,
+        point: &'static str,
+    ) -> Result<IoHandle, BlockError> {
+        self.inner.submit(op, offset, buf, sync, point)
+    }
+
+    /// Reads `len` bytes at `offset` synchronously, in the caller's class.
+    pub fn read(&self, offset: u64, len: usize) -> Result<AlignedBuf, BlockError> {
+        let buf = AlignedBuf::zeroed(len);
+        self.submit(Op::Read, offset, buf, true, IO_POINT)?
+            .wait_buf()
+    }
+
+    /// Writes `buf` at `offset` synchronously, in the caller's class.
+    pub fn write(&self, offset: u64, buf: AlignedBuf) -> Result<(), BlockError> {
+        self.submit(Op::Write, offset, buf, true, IO_POINT)?.wait()
+    }
+
+    /// Writes asynchronously (non-critical until awaited by a critical task).
+    pub fn write_async(&self, offset: u64, buf: AlignedBuf) -> Result<IoHandle, BlockError> {
+        self.submit(Op::Write, offset, buf, false, IO_POINT)
+    }
+
+    /// Flushes the device's write cache synchronously, in the caller's class.
+    pub fn flush(&self) -> Result<(), BlockError> {
+        self.submit(Op::Flush, 0, AlignedBuf::empty(), true, IO_POINT)?
+            .wait()
+    }
+
+    /// Promotes a request wherever it is (no-op without I/O inheritance).
+    pub fn promote(&self, id: ReqId) -> Promotion {
+        self.inner.promote(id, InheritKind::Io)
+    }
+
+    /// Promotes every outstanding non-critical request overlapping a byte
+    /// range (for a critical task that waits for "whatever I/O covers this").
+    /// Returns how many were promoted or found at the device.
+    pub fn promote_range(&self, offset: u64, len: u64) -> usize {
+        let ids = self
+            .inner
+            .core
+            .lock()
+            .sched
+            .noncritical_overlapping(offset, len);
+        ids.into_iter()
+            .filter(|&id| self.inner.promote(id, InheritKind::Io) != Promotion::NotFound)
+            .count()
+    }
+
+    /// Installs the hook called when a request is promoted at the device (the
+    /// write cache reissues it).
+    pub fn set_at_device_hook(&self, hook: AtDeviceHook) {
+        *self.inner.at_device_hook.lock() = Some(hook);
+    }
+
+    /// A snapshot of the per-class metrics.
+    pub fn stats(&self) -> BlockStats {
+        let core = self.inner.core.lock();
+        let sched = &core.sched;
+        core.stats
+            .snapshot(sched.counters(), sched.noncritical_cap(), sched.cap_view())
+    }
+
+    /// Where an outstanding request is.
+    pub fn location(&self, id: ReqId) -> Option<super::Location> {
+        self.inner.core.lock().sched.location(id)
+    }
+
+    /// The clock the layer measures with.
+    pub fn clock(&self) -> &Clock {
+        &self.inner.clock
+    }
+}
+
+impl Drop for BlockLayer {
+    fn drop(&mut self) {
+        self.inner.core.lock().shutdown = true;
+        self.inner.timer_cv.notify_all();
+        if let Some(t) = self.timer.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Inner {
+    fn submit(
+        self: &Arc<Self>,
+        op: Op,
+        offset: u64,
+        buf: AlignedBuf,
+        sync: bool,
+        point: &'static str,
+    ) -> Result<IoHandle, BlockError> {
+        let len = buf.len() as u64;
+        if len > IO_LEN_MAX {
+            return Err(BlockError::TooLarge {
+                len,
+                max: IO_LEN_MAX,
+            });
+        }
+        let class = self.cfg.scheme.classify(sync, context::current_class());
+        let cmd = Command {
+            op,
+            offset,
+            buf,
+            class,
+        };
+        validate(self.device.info(), &cmd)?;
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let state = IoState::new(id, point, Arc::downgrade(self));
+        let info = ReqInfo {
+            class,
+            op,
+            offset,
+            len,
+        };
+        let payload = Payload {
+            cmd: Some(cmd),
+            state: state.clone(),
+            admission_waiter: None,
+        };
+        let now = self.clock.now();
+        let batch = {
+            let mut core = self.core.lock();
+            if core.sched.submit(id, info, payload, now) {
+                Some(self.take_batch(&mut core, now))
+            } else {
+                let p = core.sched.payload_mut(id).expect("just submitted");
+                p.admission_waiter = Some(context::current());
+                None
+            }
+        };
+        match batch {
+            Some(batch) => self.run_dispatch(batch, now),
+            None => {
+                self.wait_admission(id);
+                self.kick();
+            }
+        }
+        Ok(IoHandle { state })
+    }
+
+    fn wait_admission(self: &Arc<Self>, id: ReqId) {
+        let blocker = Arc::new(AdmissionWait {
+            layer: Arc::downgrade(self),
+            id,
+        });
+        let status = BlockingStatus::Admission {
+            stage: ADMISSION_POINT,
+        };
+        let scope = WaitScope::enter(status, blocker);
+        loop {
+            {
+                let mut core = self.core.lock();
+                if core.sched.location(id) != Some(super::Location::AwaitingAdmission) {
+                    if let Some(p) = core.sched.payload_mut(id) {
+                        p.admission_waiter = None;
+                    }
+                    break;
+                }
+            }
+            thread::park();
+        }
+        drop(scope);
+    }
+
+    /// Dispatches everything the core allows, one dispatcher at a time.
+    fn kick(self: &Arc<Self>) {
+        let now = self.clock.now();
+        let batch = self.take_batch(&mut self.core.lock(), now);
+        self.run_dispatch(batch, now);
+    }
+
+    /// Under the core lock: if no other thread is dispatching, takes what
+    /// the core allows now and makes the caller the dispatcher (it must then
+    /// call [`Inner::run_dispatch`]). Empty if there is nothing to do or
+    /// another dispatcher will do it (it re-checks after each batch).
+    fn take_batch(&self, core: &mut Core, now: Nanos) -> Vec<(ReqId, Command)> {
+        if core.dispatching {
+            return Vec::new();
+        }
+        let mut batch = Vec::new();
+        let classes = self.cfg.scheme.classes();
+        while let Some(id) = core.sched.dispatch(now) {
+            let promoted = classes && core.sched.class_of(id) == Some(Class::Critical);
+            let p = core
+                .sched
+                .payload_mut(id)
+                .expect("dispatched request is known");
+            let mut cmd = p.cmd.take().expect("a request is dispatched once");
+            if promoted {
+                cmd.class = Class::Critical; // promoted: critical at the device too
+            }
+            batch.push((id, cmd));
+        }
+        if batch.is_empty() {
+            let next = core.sched.next_timer(now);
+            if next.is_some_and(|t| core.timer_at.is_none_or(|cur| t < cur)) {
+                core.timer_at = next;
+                self.timer_cv.notify_one();
+            }
+        } else {
+            core.dispatching = true;
+        }
+        #[cfg(debug_assertions)]
+        core.sched.check_invariants();
+        batch
+    }
+
+    /// Sends `batch` to the device, then keeps dispatching until the core
+    /// allows nothing more; ends the dispatcher's turn. `now` is the time the
+    /// batch was taken; later batches take a fresh one.
+    fn run_dispatch(self: &Arc<Self>, mut batch: Vec<(ReqId, Command)>, mut now: Nanos) {
+        while !batch.is_empty() {
+            for (id, cmd) in batch.drain(..) {
+                let inner = self.clone();
+                self.device
+                    .submit(cmd, Box::new(move |c| inner.on_complete(id, c)));
+            }
+            let mut core = self.core.lock();
+            core.dispatching = false;
+            if core.sched.dispatchable() {
+                now = self.clock.now();
+            }
+            batch = self.take_batch(&mut core, now);
+        }
+    }
+
+    fn on_complete(self: &Arc<Self>, id: ReqId, c: Completion) {
+        let now = self.clock.now();
+        let bytes = c.buf.len() as u64;
+        let (done, wake, batch) = {
+            let mut core = self.core.lock();
+            let mut done = core.sched.complete(id, now);
+            core.stats.record(&done, bytes);
+            let wake: Vec<TaskRef> = done
+                .admitted
+                .iter()
+                .filter_map(|&a| core.sched.payload_mut(a)?.admission_waiter.take())
+                .collect();
+            done.admitted.clear();
+            let batch = self.take_batch(&mut core, now);
+            (done, wake, batch)
+        };
+        if done.class == Class::Critical {
+            // The wait-point tables are of critical tasks' waits; both classes
+            // are in the layer's own per-class stats.
+            let waited = std::time::Duration::from_nanos(done.queue_wait);
+            metrics::global().record_wait(QUEUE_POINT, Class::Critical, waited);
+        }
+        for t in wake {
+            t.unpark();
+        }
+        let result = c.result.map_err(BlockError::from);
+        done.payload.state.finish(result, c.buf);
+        self.run_dispatch(batch, now);
+    }
+
+    /// Promotes a request; `kind` says whether a waiter on the I/O or an
+    /// admission waiter that turned critical asked (for the counters).
+    pub(crate) fn promote(self: &Arc<Self>, id: ReqId, kind: InheritKind) -> Promotion {
+        if !self.cfg.scheme.inheritance() {
+            return Promotion::Disabled;
+        }
+        let (outcome, wake) = {
+            let mut core = self.core.lock();
+            let now = self.clock.now();
+            let outcome = core.sched.promote(id, now);
+            let wake = match outcome {
+                Promotion::Admitted => core
+                    .sched
+                    .payload_mut(id)
+                    .and_then(|p| p.admission_waiter.take()),
+                _ => None,
+            };
+            (outcome, wake)
+        };
+        if !matches!(outcome, Promotion::NotFound | Promotion::AlreadyCritical) {
+            metrics::global().count_resolution(kind);
+        }
+        if let Some(t) = wake {
+            t.unpark();
+        }
+        match outcome {
+            Promotion::Admitted | Promotion::Requeued => self.kick(),
+            Promotion::AtDevice => {
+                let hook = self.at_device_hook.lock().clone();
+                if let Some(hook) = hook {
+                    hook(id);
+                }
+            }
+            _ => {}
+        }
+        outcome
+    }
+
+    fn timer_loop(self: Arc<Self>) {
+        let mut core = self.core.lock();
+        loop {
+            if core.shutdown {
+                return;
+            }
+            let now = self.clock.now();
+            match core.timer_at {
+                Some(at) if at <= now => {
+                    core.timer_at = None;
+                    drop(core);
+                    self.kick();
+                    core = self.core.lock();
+                }
+                Some(at) => {
+                    let deadline = self.clock.instant(at);
+                    self.timer_cv.wait_until(&mut core, deadline);
+                }
+                None => self.timer_cv.wait(&mut core),
+            }
+        }
+    }
+}
+
+/// The blocker of a submitter waiting for an admission slot: if it turns
+/// critical, its request retries in the critical pool.
+struct AdmissionWait {
+    layer: Weak<Inner>,
+    id: ReqId,
+}
+
+impl Blocker for AdmissionWait {
+    fn resolve(&self, waiter: &TaskRef, _flipped: &mut Vec<TaskRef>) {
+        if !waiter.is_critical() {
+            return;
+        }
+        if let Some(layer) = self.layer.upgrade() {
+            layer.promote(self.id, InheritKind::Admission);
+        }
+    }
+}
+
+const _: () = {
+    const fn is_send_sync<T: Send + Sync>() {}
+    is_send_sync::<BlockLayer>();
+};

@@ -1,0 +1,125 @@
+//! A submitted request as its submitter and its waiters see it: a handle to
+//! wait on, which is also the [`Blocker`] that promotes the request when a
+//! critical task waits for it (paper 000, Section 4.2.2).
+//!
+//! Several tasks may wait for one request (readers of a page under
+//! writeback); the first critical one promotes it, and all are woken when it
+//! completes.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Weak};
+
+use parking_lot::Mutex;
+
+use super::layer::{BlockError, Inner};
+use super::ReqId;
+use crate::context::{self, Blocker, BlockingStatus, InheritKind, TaskRef, WaitScope};
+use crate::device::AlignedBuf;
+use crate::shim::thread;
+
+/// The shared state of one request.
+pub(crate) struct IoState {
+    id: ReqId,
+    point: &'static str,
+    done: AtomicBool,
+    outcome: Mutex<Outcome>,
+    waiters: Mutex<Vec<TaskRef>>,
+    layer: Weak<Inner>,
+}
+
+struct Outcome {
+    result: Result<(), BlockError>,
+    buf: Option<AlignedBuf>,
+}
+
+impl IoState {
+    pub(crate) fn new(id: ReqId, point: &'static str, layer: Weak<Inner>) -> Arc<Self> {
+        Arc::new(Self {
+            id,
+            point,
+            done: AtomicBool::new(false),
+            outcome: Mutex::new(Outcome {
+                result: Ok(()),
+                buf: None,
+            }),
+            waiters: Mutex::new(Vec::new()),
+            layer,
+        })
+    }
+
+    /// Records the outcome and wakes every waiter.
+    pub(crate) fn finish(&self, result: Result<(), BlockError>, buf: AlignedBuf) {
+        *self.outcome.lock() = Outcome {
+            result,
+            buf: Some(buf),
+        };
+        self.done.store(true, Ordering::Release);
+        for t in self.waiters.lock().drain(..) {
+            t.unpark();
+        }
+    }
+}
+
+impl Blocker for IoState {
+    fn resolve(&self, waiter: &TaskRef, _flipped: &mut Vec<TaskRef>) {
+        if waiter.is_critical() {
+            if let Some(layer) = self.layer.upgrade() {
+                layer.promote(self.id, InheritKind::Io);
+            }
+        }
+    }
+}
+
+/// A submitted request. Cloning gives another handle to the same request.
+#[derive(Clone)]
+pub struct IoHandle {
+    pub(crate) state: Arc<IoState>,
+}
+
+impl IoHandle {
+    /// The request's id.
+    pub fn id(&self) -> ReqId {
+        self.state.id
+    }
+
+    /// Whether the request has completed.
+    pub fn is_done(&self) -> bool {
+        self.state.done.load(Ordering::Acquire)
+    }
+
+    /// Blocks until the request completes; returns its result. While the
+    /// caller waits, its blocking status is "I/O n"; if it is critical (now or
+    /// later, by inheritance) the request is promoted wherever it is.
+    pub fn wait(&self) -> Result<(), BlockError> {
+        if !self.is_done() {
+            let status = BlockingStatus::Io {
+                id: self.state.id,
+                point: self.state.point,
+            };
+            let scope = WaitScope::enter(status, self.state.clone());
+            self.state.waiters.lock().push(context::current());
+            while !self.is_done() {
+                thread::park();
+            }
+            drop(scope);
+        }
+        self.state.outcome.lock().result.clone()
+    }
+
+    /// Takes the request's buffer (the data, for a read) after it completed;
+    /// None before completion or if already taken.
+    pub fn take_buf(&self) -> Option<AlignedBuf> {
+        if !self.is_done() {
+            return None;
+        }
+        self.state.outcome.lock().buf.take()
+    }
+
+    /// Waits, then returns the buffer.
+    pub fn wait_buf(&self) -> Result<AlignedBuf, BlockError> {
+        self.wait()?;
+        Ok(self
+            .take_buf()
+            .expect("the buffer of a completed request is taken once"))
+    }
+}

@@ -1,0 +1,326 @@
+//! Tick-harness tests of the scheduler core: explicit time, explicit
+//! completions, and checks of what each class received.
+
+use super::cap::NoncriticalCap;
+use super::sched::{Location, Promotion, ReqInfo, SchedConfig, Scheduler};
+use super::ReqId;
+use crate::context::Class::{self, Critical as C, NonCritical as N};
+use crate::device::Op;
+use crate::time::{Nanos, MS, US};
+
+struct Harness {
+    s: Scheduler<Class>,
+    now: Nanos,
+    next: ReqId,
+    at_device: Vec<ReqId>,
+    dispatched: Vec<(ReqId, Class)>,
+}
+
+fn cfg() -> SchedConfig {
+    SchedConfig {
+        classes: true,
+        critical_slots: 4,
+        noncritical_slots: 4,
+        starvation_period: 10 * MS,
+        noncritical_cap: NoncriticalCap::Fixed(1),
+        anticipation: 0,
+        device_depth: 8,
+    }
+}
+
+impl Harness {
+    fn new(cfg: SchedConfig) -> Self {
+        Self {
+            s: Scheduler::new(cfg),
+            now: 0,
+            next: 1,
+            at_device: Vec::new(),
+            dispatched: Vec::new(),
+        }
+    }
+
+    /// Submits a request; returns (id, admitted).
+    fn submit(&mut self, class: Class) -> (ReqId, bool) {
+        let id = self.next;
+        self.next += 1;
+        let info = ReqInfo {
+            class,
+            op: Op::Read,
+            offset: id * 4096,
+            len: 4096,
+        };
+        let admitted = self.s.submit(id, info, class, self.now);
+        self.s.check_invariants();
+        (id, admitted)
+    }
+
+    /// Dispatches everything allowed now; returns the classes, in order.
+    fn dispatch(&mut self) -> Vec<Class> {
+        let mut got = Vec::new();
+        while let Some(id) = self.s.dispatch(self.now) {
+            let class = self.s.class_of(id).unwrap();
+            self.at_device.push(id);
+            self.dispatched.push((id, class));
+            got.push(class);
+        }
+        self.s.check_invariants();
+        got
+    }
+
+    fn complete(&mut self, id: ReqId) -> Vec<ReqId> {
+        self.at_device.retain(|&r| r != id);
+        let done = self.s.complete(id, self.now);
+        self.s.check_invariants();
+        done.admitted
+    }
+
+    fn complete_oldest(&mut self) -> ReqId {
+        let id = self.at_device[0];
+        self.complete(id);
+        id
+    }
+
+    fn advance(&mut self, by: Nanos) {
+        self.now += by;
+    }
+}
+
+#[test]
+fn critical_requests_always_go_first() {
+    let mut h = Harness::new(cfg());
+    h.advance(100 * MS); // long after start: no request counts as starving
+    let n1 = h.submit(N).0;
+    let c1 = h.submit(C).0;
+    let c2 = h.submit(C).0;
+    h.dispatch();
+    let order: Vec<ReqId> = h.dispatched.iter().map(|d| d.0).collect();
+    assert_eq!(
+        order,
+        vec![c1, c2, n1],
+        "critical first, then non-critical within the cap"
+    );
+}
+
+#[test]
+fn fifo_within_a_class() {
+    let mut h = Harness::new(cfg());
+    h.advance(MS);
+    let ids: Vec<ReqId> = (0..4).map(|_| h.submit(C).0).collect();
+    h.dispatch();
+    let order: Vec<ReqId> = h.dispatched.iter().map(|d| d.0).collect();
+    assert_eq!(order, ids);
+}
+
+#[test]
+fn noncritical_is_dispatched_within_one_period_under_a_critical_flood() {
+    let mut h = Harness::new(SchedConfig {
+        critical_slots: 64,
+        device_depth: 2,
+        ..cfg()
+    });
+    h.advance(MS);
+    let n = h.submit(N).0;
+    // A flood: the device is always full of critical requests and more wait.
+    for _ in 0..40 {
+        h.submit(C);
+    }
+    h.dispatch();
+    let mut served_at = None;
+    for step in 0..200 {
+        h.advance(100 * US);
+        h.complete_oldest();
+        h.submit(C);
+        h.dispatch();
+        if h.dispatched.iter().any(|&(id, _)| id == n) {
+            served_at = Some(step);
+            break;
+        }
+    }
+    let served_at = served_at.expect("non-critical request starved");
+    // Queued at 1 ms, 100 µs per step: served within one period of queueing.
+    let waited = h.now - MS;
+    assert!(
+        waited >= 10 * MS,
+        "it waited its turn behind critical work ({waited} ns)"
+    );
+    assert!(
+        waited <= 10 * MS + 100 * US,
+        "served after {waited} ns (step {served_at})"
+    );
+    assert!(h.s.counters().starvation_dispatches >= 1);
+}
+
+#[test]
+fn the_noncritical_cap_holds() {
+    let mut h = Harness::new(SchedConfig {
+        noncritical_cap: NoncriticalCap::Fixed(2),
+        ..cfg()
+    });
+    h.advance(MS);
+    for _ in 0..4 {
+        h.submit(N);
+    }
+    assert_eq!(h.dispatch(), vec![N, N], "two at most");
+    assert_eq!(h.s.inflight(), [0, 2]);
+    h.advance(20 * MS); // even the starvation timer respects a filled cap
+    assert!(h.dispatch().is_empty());
+    h.complete_oldest();
+    assert_eq!(h.dispatch(), vec![N]);
+}
+
+#[test]
+fn zero_cap_means_unlimited_up_to_the_device_depth() {
+    let mut h = Harness::new(SchedConfig {
+        noncritical_cap: NoncriticalCap::Fixed(0),
+        noncritical_slots: 16,
+        ..cfg()
+    });
+    h.advance(MS);
+    for _ in 0..12 {
+        h.submit(N);
+    }
+    assert_eq!(h.dispatch().len(), 8, "device depth bounds it");
+}
+
+#[test]
+fn separate_pools_keep_critical_slots_free_of_a_background_burst() {
+    let mut h = Harness::new(cfg());
+    let admitted: Vec<bool> = (0..6).map(|_| h.submit(N).1).collect();
+    assert_eq!(admitted, vec![true, true, true, true, false, false]);
+    assert!(h.submit(C).1, "a critical request still gets a slot");
+    assert_eq!(h.s.awaiting_admission(), [0, 2]);
+}
+
+#[test]
+fn a_completion_admits_the_oldest_waiter_of_its_pool() {
+    let mut h = Harness::new(cfg());
+    h.advance(20 * MS);
+    let first: Vec<ReqId> = (0..4).map(|_| h.submit(N).0).collect();
+    let (w1, ok1) = h.submit(N);
+    let (_w2, ok2) = h.submit(N);
+    assert!(!ok1 && !ok2);
+    h.dispatch();
+    assert_eq!(h.complete(first[0]), vec![w1]);
+    assert_eq!(h.s.location(w1), Some(Location::Queued));
+}
+
+#[test]
+fn promotion_while_awaiting_admission_grants_a_critical_slot() {
+    let mut h = Harness::new(cfg());
+    for _ in 0..4 {
+        h.submit(N);
+    }
+    let (w, admitted) = h.submit(N);
+    assert!(!admitted);
+    assert_eq!(h.s.promote(w, h.now), Promotion::Admitted);
+    assert_eq!(h.s.location(w), Some(Location::Queued));
+    assert_eq!(h.s.class_of(w), Some(C));
+    h.s.check_invariants();
+    assert_eq!(h.s.counters().promoted_awaiting_admission, 1);
+    assert_eq!(h.s.promote(w, h.now), Promotion::AlreadyCritical);
+}
+
+#[test]
+fn promotion_waits_in_the_critical_pool_when_it_is_full() {
+    let mut h = Harness::new(cfg());
+    for _ in 0..4 {
+        h.submit(C);
+        h.submit(N);
+    }
+    let (w, _) = h.submit(N);
+    assert_eq!(h.s.promote(w, h.now), Promotion::WaitsInCriticalPool);
+    h.advance(MS);
+    h.dispatch();
+    let crit = h.dispatched.iter().find(|d| d.1 == C).unwrap().0;
+    assert_eq!(
+        h.complete(crit),
+        vec![w],
+        "admitted by the next critical completion"
+    );
+}
+
+#[test]
+fn promotion_of_a_queued_request_moves_it_to_the_critical_queue() {
+    let mut h = Harness::new(cfg());
+    h.advance(MS);
+    let n1 = h.submit(N).0;
+    let n2 = h.submit(N).0;
+    assert_eq!(h.dispatch(), vec![N]); // n1 fills the cap; n2 stays queued
+    assert_eq!(h.s.location(n2), Some(Location::Queued));
+    assert_eq!(h.s.promote(n2, h.now), Promotion::Requeued);
+    assert_eq!(h.dispatch(), vec![C], "n2 is now dispatched past the cap");
+    assert_eq!(h.dispatched.last().unwrap().0, n2);
+    assert_eq!(h.s.promote(n1, h.now), Promotion::AtDevice);
+    assert_eq!(h.s.counters().promoted_queued, 1);
+    assert_eq!(h.s.counters().promoted_at_device, 1);
+}
+
+#[test]
+fn noncritical_requests_are_findable_by_range_until_they_complete() {
+    let mut h = Harness::new(cfg());
+    h.advance(MS);
+    let n = h.submit(N).0;
+    let offset = n * 4096;
+    assert_eq!(h.s.noncritical_overlapping(offset + 100, 1), vec![n]);
+    h.dispatch();
+    assert_eq!(h.s.location(n), Some(Location::AtDevice));
+    assert_eq!(
+        h.s.noncritical_overlapping(offset, 4096),
+        vec![n],
+        "at the device"
+    );
+    h.complete(n);
+    assert!(h.s.noncritical_overlapping(offset, 4096).is_empty());
+    assert_eq!(h.s.promote(n, h.now), Promotion::NotFound);
+}
+
+#[test]
+fn anticipation_holds_noncritical_after_a_critical_completion_until_broken() {
+    let mut h = Harness::new(SchedConfig {
+        anticipation: 2 * MS,
+        ..cfg()
+    });
+    h.advance(MS);
+    let c = h.submit(C).0;
+    h.dispatch();
+    h.advance(100 * US);
+    h.complete(c);
+    h.submit(N);
+    assert!(h.dispatch().is_empty(), "window open: non-critical held");
+    assert_eq!(h.s.next_timer(h.now), Some(h.now + 2 * MS));
+    h.advance(500 * US);
+    assert!(h.dispatch().is_empty());
+    h.submit(C); // a critical arrival breaks the window
+    assert_eq!(h.dispatch(), vec![C, N]);
+    assert!(h.s.counters().anticipation_holds >= 2);
+
+    // A window that expires lets the held request go.
+    let mut h = Harness::new(SchedConfig {
+        anticipation: 2 * MS,
+        ..cfg()
+    });
+    h.advance(MS);
+    let c = h.submit(C).0;
+    h.dispatch();
+    h.complete(c);
+    h.submit(N);
+    assert!(h.dispatch().is_empty());
+    h.advance(2 * MS);
+    assert_eq!(h.dispatch(), vec![N]);
+}
+
+#[test]
+fn without_classes_everything_shares_one_fifo_and_pool() {
+    let mut h = Harness::new(SchedConfig {
+        classes: false,
+        noncritical_cap: NoncriticalCap::Fixed(0),
+        ..cfg()
+    });
+    let ids: Vec<ReqId> = [N, C, N, C].into_iter().map(|c| h.submit(c).0).collect();
+    h.dispatch();
+    let order: Vec<ReqId> = h.dispatched.iter().map(|d| d.0).collect();
+    assert_eq!(order, ids, "one FIFO");
+    let admitted = (0..8).filter(|_| h.submit(N).1).count();
+    assert_eq!(admitted, 4, "one pool of 4 + 4 slots, 4 already used");
+    assert_eq!(h.s.promote(ids[0], h.now), Promotion::AlreadyCritical);
+}

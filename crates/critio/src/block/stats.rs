@@ -1,0 +1,101 @@
+//! Per-class metrics of the block layer: completions, bytes, and where the
+//! time went (admission wait, queue wait, device time).
+
+use serde::Serialize;
+
+use super::sched::{Completed, SchedCounters};
+use crate::context::Class;
+use crate::metrics::{LatencyHistogram, LatencySummary};
+
+/// Accumulated metrics of one class.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct ClassAcc {
+    completions: u64,
+    bytes: u64,
+    admission_wait: LatencyHistogram,
+    queue_wait: LatencyHistogram,
+    device_time: LatencyHistogram,
+}
+
+/// Accumulated metrics of both classes.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct StatsAcc {
+    classes: [ClassAcc; 2],
+}
+
+impl StatsAcc {
+    pub(crate) fn record<P>(&mut self, done: &Completed<P>, bytes: u64) {
+        let c = &mut self.classes[done.class.index()];
+        c.completions += 1;
+        c.bytes += bytes;
+        c.admission_wait.record_nanos(done.admission_wait);
+        c.queue_wait.record_nanos(done.queue_wait);
+        c.device_time.record_nanos(done.device_time);
+    }
+
+    pub(crate) fn snapshot(
+        &self,
+        counters: SchedCounters,
+        noncritical_cap: u32,
+        cap_view: (Option<f64>, Option<f64>),
+    ) -> BlockStats {
+        let class = |cl: Class| {
+            let c = &self.classes[cl.index()];
+            ClassStats {
+                class: cl,
+                completions: c.completions,
+                bytes: c.bytes,
+                admission_wait: c.admission_wait.summary(),
+                queue_wait: c.queue_wait.summary(),
+                device_time: c.device_time.summary(),
+            }
+        };
+        BlockStats {
+            classes: Class::ALL.map(class).to_vec(),
+            counters,
+            noncritical_cap,
+            auto_clean_us: cap_view.0.map(|ns| ns / 1000.0),
+            auto_mixed_us: cap_view.1.map(|ns| ns / 1000.0),
+        }
+    }
+}
+
+/// What one class got.
+#[derive(Clone, Debug, Serialize)]
+pub struct ClassStats {
+    /// The class.
+    pub class: Class,
+    /// Requests completed.
+    pub completions: u64,
+    /// Bytes transferred.
+    pub bytes: u64,
+    /// Submission to admission.
+    pub admission_wait: LatencySummary,
+    /// Admission to dispatch.
+    pub queue_wait: LatencySummary,
+    /// Dispatch to completion.
+    pub device_time: LatencySummary,
+}
+
+/// A snapshot of the block layer's metrics.
+#[derive(Clone, Debug, Serialize)]
+pub struct BlockStats {
+    /// Critical, then non-critical.
+    pub classes: Vec<ClassStats>,
+    /// Promotions by location, starvation dispatches, anticipation holds.
+    pub counters: SchedCounters,
+    /// The non-critical cap now (u32::MAX: unlimited).
+    pub noncritical_cap: u32,
+    /// The adaptive cap's clean baseline of critical device latency, µs.
+    pub auto_clean_us: Option<f64>,
+    /// The adaptive cap's last windowed mean of critical device latency
+    /// with background at the device, µs.
+    pub auto_mixed_us: Option<f64>,
+}
+
+impl BlockStats {
+    /// The stats of one class.
+    pub fn class(&self, class: Class) -> &ClassStats {
+        &self.classes[class.index()]
+    }
+}

@@ -1,0 +1,269 @@
+//! Scenario tests of the block layer driver: admission, dispatch order and
+//! I/O inheritance, on a device that holds commands until released.
+
+mod common;
+
+use std::sync::mpsc::channel;
+use std::sync::Arc;
+
+use common::gate::GateDevice;
+use common::{wait_blocked, wait_until};
+use critio::block::{BlockConfig, BlockLayer, BlockScheme, NoncriticalCap, Promotion};
+use critio::context::{self, BlockingStatus, Class, InheritKind};
+use critio::device::mem::MemDevice;
+use critio::device::{AlignedBuf, Op};
+use critio::sync::Mutex;
+
+fn layer(dev: Arc<GateDevice>, cfg: BlockConfig) -> Arc<BlockLayer> {
+    Arc::new(BlockLayer::new(dev, cfg).unwrap())
+}
+
+fn page(n: u8) -> AlignedBuf {
+    AlignedBuf::from_slice(&[n; 4096])
+}
+
+#[test]
+fn reads_writes_and_flushes_round_trip_through_the_layer() {
+    let l = BlockLayer::new(Arc::new(MemDevice::new(1 << 20)), BlockConfig::default()).unwrap();
+    l.write(8192, page(7)).unwrap();
+    l.flush().unwrap();
+    assert_eq!(l.read(8192, 4096).unwrap().as_slice(), &[7; 4096]);
+    let h = l.write_async(0, page(1)).unwrap();
+    h.wait().unwrap();
+    assert_eq!(l.read(0, 4096).unwrap().as_slice(), &[1; 4096]);
+    let e = l.read(100, 4096).unwrap_err().to_string();
+    assert!(e.contains("not a multiple of the block size"), "{e}");
+    let s = l.stats();
+    // write, flush, read, async write, read: all non-critical (a background
+    // thread); the flush moves no bytes.
+    assert_eq!(
+        s.class(Class::NonCritical).completions,
+        5,
+        "this thread is background"
+    );
+    assert_eq!(s.class(Class::NonCritical).bytes, 4 * 4096);
+    assert_eq!(s.class(Class::Critical).completions, 0);
+}
+
+#[test]
+fn a_foreground_thread_submits_critical_requests_and_writeback_is_not() {
+    let dev = GateDevice::new(32);
+    let l = layer(dev.clone(), BlockConfig::default());
+    let fg = {
+        let l = l.clone();
+        std::thread::spawn(move || {
+            context::set_foreground();
+            l.write(0, page(1)).unwrap();
+            l.write_async(4096, page(2)).unwrap()
+        })
+    };
+    dev.wait_arrivals(1);
+    dev.release_all();
+    let h = fg.join().unwrap();
+    dev.wait_arrivals(2);
+    dev.release_all();
+    h.wait().unwrap();
+    assert_eq!(
+        dev.arrivals(),
+        vec![(0, Class::Critical), (4096, Class::NonCritical)]
+    );
+}
+
+#[test]
+fn a_foreground_wait_promotes_a_queued_writeback_past_the_cap() {
+    let dev = GateDevice::new(32);
+    let l = layer(dev.clone(), BlockConfig::default()); // rcp, cap 1
+    let handles: Vec<_> = (0..3)
+        .map(|i| l.write_async(i * 4096, page(i as u8)).unwrap())
+        .collect();
+    dev.wait_arrivals(1); // the cap lets one through
+    assert_eq!(dev.arrivals(), vec![(0, Class::NonCritical)]);
+    let third = handles[2].clone();
+    let waiter = std::thread::spawn(move || {
+        context::set_foreground();
+        third.wait().unwrap();
+    });
+    dev.wait_arrivals(2);
+    assert_eq!(
+        dev.arrivals()[1],
+        (8192, Class::Critical),
+        "promoted and dispatched"
+    );
+    dev.release(8192);
+    waiter.join().unwrap();
+    dev.release(0); // frees the cap: the second goes
+    dev.wait_arrivals(3);
+    assert_eq!(dev.arrivals()[2], (4096, Class::NonCritical));
+    dev.release_all();
+    for h in &handles {
+        h.wait().unwrap();
+    }
+    assert_eq!(l.stats().counters.promoted_queued, 1);
+}
+
+#[test]
+fn without_inheritance_a_foreground_wait_does_not_promote() {
+    let dev = GateDevice::new(32);
+    let cfg = BlockConfig {
+        scheme: BlockScheme::Static,
+        ..BlockConfig::default()
+    };
+    let l = layer(dev.clone(), cfg);
+    let first = l.write_async(0, page(0)).unwrap();
+    let second = l.write_async(4096, page(1)).unwrap();
+    dev.wait_arrivals(1);
+    let waiter = {
+        let second = second.clone();
+        std::thread::spawn(move || {
+            context::set_foreground();
+            second.wait().unwrap();
+        })
+    };
+    std::thread::sleep(std::time::Duration::from_millis(30));
+    assert_eq!(dev.arrivals().len(), 1, "still behind the cap");
+    assert_eq!(l.promote(second.id()), Promotion::Disabled);
+    dev.release(0);
+    dev.wait_arrivals(2);
+    assert_eq!(dev.arrivals()[1], (4096, Class::NonCritical));
+    dev.release_all();
+    waiter.join().unwrap();
+    first.wait().unwrap();
+}
+
+/// Paper 000's chain end: a background task holding a lock is blocked in
+/// block admission; a foreground task needs the lock; the background task
+/// inherits and retries in the critical pool.
+#[test]
+fn a_lock_holder_blocked_in_admission_retries_as_critical_when_a_foreground_task_needs_the_lock() {
+    let dev = GateDevice::new(32);
+    let cfg = BlockConfig {
+        noncritical_slots: 1,
+        ..BlockConfig::default()
+    };
+    let l = layer(dev.clone(), cfg);
+    let first = l.write_async(0, page(0)).unwrap(); // takes the only slot
+    dev.wait_arrivals(1);
+    let inode = Arc::new(Mutex::named("block test: inode", ()));
+    let (tx, rx) = channel();
+    let bg = {
+        let (l, inode) = (l.clone(), inode.clone());
+        std::thread::spawn(move || {
+            let _g = inode.lock();
+            tx.send(context::current()).unwrap();
+            l.write_async(4096, page(1)).unwrap().wait().unwrap();
+        })
+    };
+    let bg_task = rx.recv().unwrap();
+    wait_blocked(
+        &bg_task,
+        BlockingStatus::Admission {
+            stage: "block: admission",
+        },
+    );
+    let before = critio::metrics::global().snapshot();
+    let fg = {
+        let inode = inode.clone();
+        std::thread::spawn(move || {
+            context::set_foreground();
+            drop(inode.lock());
+        })
+    };
+    dev.wait_arrivals(2);
+    assert_eq!(
+        dev.arrivals()[1],
+        (4096, Class::Critical),
+        "admitted into the critical pool"
+    );
+    assert!(
+        bg_task.is_critical(),
+        "the holder inherits while the foreground task waits"
+    );
+    let after = critio::metrics::global().snapshot();
+    let res = |s: &critio::metrics::MetricsSnapshot| {
+        s.inheritance
+            .iter()
+            .find(|c| c.kind == InheritKind::Admission)
+            .unwrap()
+            .resolutions
+    };
+    assert!(res(&after) > res(&before), "admission resolution counted");
+    dev.release(4096);
+    bg.join().unwrap();
+    fg.join().unwrap();
+    dev.release(0);
+    first.wait().unwrap();
+    assert_eq!(bg_task.inherited_count(), 0);
+    assert_eq!(l.stats().counters.promoted_awaiting_admission, 1);
+}
+
+#[test]
+fn promotion_at_the_device_is_counted_and_reported_to_the_hook() {
+    let dev = GateDevice::new(32);
+    let l = layer(dev.clone(), BlockConfig::default());
+    let seen = Arc::new(parking_lot::Mutex::new(Vec::new()));
+    {
+        let seen = seen.clone();
+        l.set_at_device_hook(Arc::new(move |id| seen.lock().push(id)));
+    }
+    let h = l.write_async(0, page(0)).unwrap();
+    dev.wait_arrivals(1);
+    assert_eq!(l.promote(h.id()), Promotion::AtDevice);
+    assert_eq!(*seen.lock(), vec![h.id()]);
+    assert_eq!(
+        l.promote_range(0, 4096),
+        1,
+        "findable by range while at the device"
+    );
+    dev.release_all();
+    h.wait().unwrap();
+    assert_eq!(l.promote(h.id()), Promotion::NotFound);
+    assert_eq!(l.stats().counters.promoted_at_device, 2);
+}
+
+#[test]
+fn a_waiter_records_its_blocking_status_as_the_io() {
+    let dev = GateDevice::new(32);
+    let l = layer(dev.clone(), BlockConfig::default());
+    let h = l
+        .submit(Op::Write, 0, page(0), false, "test: writeback wait")
+        .unwrap();
+    let (tx, rx) = channel();
+    let w = {
+        let h = h.clone();
+        std::thread::spawn(move || {
+            tx.send(context::current()).unwrap();
+            h.wait().unwrap();
+        })
+    };
+    let waiter = rx.recv().unwrap();
+    let status = BlockingStatus::Io {
+        id: h.id(),
+        point: "test: writeback wait",
+    };
+    wait_blocked(&waiter, status);
+    dev.wait_arrivals(1);
+    dev.release_all();
+    w.join().unwrap();
+    wait_until("status cleared", || waiter.blocking_status().is_none());
+}
+
+#[test]
+fn no_classes_scheme_dispatches_in_arrival_order_without_a_cap() {
+    let dev = GateDevice::new(32);
+    let cfg = BlockConfig {
+        scheme: BlockScheme::None,
+        noncritical_cap: NoncriticalCap::Fixed(1),
+        ..BlockConfig::default()
+    };
+    let l = layer(dev.clone(), cfg);
+    let hs: Vec<_> = (0..4)
+        .map(|i| l.write_async(i * 4096, page(1)).unwrap())
+        .collect();
+    dev.wait_arrivals(4);
+    dev.release_all();
+    for h in hs {
+        h.wait().unwrap();
+    }
+    let offsets: Vec<u64> = dev.arrivals().iter().map(|a| a.0).collect();
+    assert_eq!(offsets, vec![0, 4096, 8192, 12288]);
+}
