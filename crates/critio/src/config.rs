@@ -7,23 +7,50 @@
 //! an error, not a silently ignored setting.
 //!
 //! ```toml
+//! [context]
+//! kernel_mirror = false    # mirror each thread's class into ioprio_set
+//!
 //! [sync]
 //! inheritance = true       # owners/helpers inherit from critical waiters
 //! helper_window_ms = 1000  # inferred condvar helper dropped after this
+//!
+//! [block]
+//! scheme = "rcp"           # none | static | sync-first | rcp
+//! critical_slots = 128
+//! noncritical_slots = 128
+//! starvation_period_ms = 10
+//! noncritical_cap = { fixed = 1 }   # or { auto = {} }; fixed = 0: unlimited
+//! anticipation_us = 0
 //! ```
 
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::block::BlockConfig;
 use crate::sync::{SyncOptions, HELPER_WINDOW_DEFAULT};
 
 /// The whole stack's configuration.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Config {
+    /// The enlightenment API.
+    pub context: ContextConfig,
     /// Priority inheritance through locks and condition variables.
     pub sync: SyncConfig,
+    /// Admission, dispatch and the non-critical cap.
+    pub block: BlockConfig,
+}
+
+/// The `context` section.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ContextConfig {
+    /// Mirror each thread's effective class into the kernel with
+    /// `ioprio_set` (critical: best-effort 0, non-critical: best-effort 7),
+    /// so the kernel's own I/O for the thread is prioritized too. Default:
+    /// false.
+    pub kernel_mirror: bool,
 }
 
 /// The `sync` section.
@@ -96,7 +123,7 @@ impl Config {
                 ),
             });
         }
-        Ok(())
+        self.block.validate()
     }
 
     /// Parses and validates a TOML config.
@@ -126,5 +153,22 @@ mod tests {
         assert!(err.to_string().contains("sync.helper_window_ms"), "{err}");
         let err = Config::from_toml_str("[sync]\nhelper_windw_ms = 5").unwrap_err();
         assert!(err.to_string().contains("helper_windw_ms"), "{err}");
+        let err = Config::from_toml_str("[block]\nstarvation_period_ms = 0").unwrap_err();
+        assert!(
+            err.to_string().contains("block.starvation_period_ms"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_full_config_file_parses() {
+        let text = "[context]\nkernel_mirror = true\n[block]\nscheme = \"static\"\n\
+                    noncritical_cap = { auto = { max = 8 } }\nanticipation_us = 500\n";
+        let c = Config::from_toml_str(text).unwrap();
+        assert!(c.context.kernel_mirror);
+        assert_eq!(c.block.scheme, crate::block::BlockScheme::Static);
+        assert!(
+            matches!(c.block.noncritical_cap, crate::block::NoncriticalCap::Auto(a) if a.max == 8)
+        );
     }
 }

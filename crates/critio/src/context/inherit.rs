@@ -85,6 +85,8 @@ pub(crate) fn propagate(flipped: Vec<TaskRef>) {
     let mut visited: Vec<TaskId> = Vec::new();
     let mut out = Vec::new();
     while let Some((task, depth)) = work.pop() {
+        #[cfg(not(loom))]
+        super::mirror::mirror(&task);
         if visited.contains(&task.id()) {
             metrics::global().count_chain_cycle();
             continue;

@@ -28,6 +28,8 @@
 
 mod blocking;
 mod inherit;
+#[cfg(not(loom))]
+mod mirror;
 mod registry;
 mod task;
 
@@ -36,6 +38,8 @@ use std::marker::PhantomData;
 pub use blocking::{Blocker, BlockingStatus, WaitScope};
 pub(crate) use inherit::propagate;
 pub use inherit::{InheritKind, CHAIN_DEPTH_MAX};
+#[cfg(not(loom))]
+pub use mirror::{kernel_mirror, set_kernel_mirror};
 pub use registry::{lookup, registered_count};
 pub use task::{Class, Task, TaskId, TaskRef};
 

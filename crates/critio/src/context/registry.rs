@@ -73,6 +73,12 @@ pub fn lookup(id: TaskId) -> Option<TaskRef> {
     registry().get(&id).and_then(Weak::upgrade)
 }
 
+/// Every live task.
+#[cfg(not(loom))]
+pub(crate) fn all() -> Vec<TaskRef> {
+    registry().values().filter_map(Weak::upgrade).collect()
+}
+
 /// How many threads are registered as tasks right now.
 pub fn registered_count() -> usize {
     registry().len()

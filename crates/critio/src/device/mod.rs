@@ -21,10 +21,12 @@
 //! (`tests/device_conformance.rs`).
 
 mod buf;
+pub mod crash;
 pub mod faulty;
 pub mod mem;
 pub mod pool;
 pub mod sim;
+pub mod spec;
 #[allow(unsafe_code)] // the kernel interface: the only module with `unsafe`
 pub mod uring;
 
@@ -32,6 +34,7 @@ use std::fmt;
 use std::sync::mpsc;
 
 pub use buf::{AlignedBuf, BUF_ALIGN};
+pub use spec::{DeviceSpec, OpenOptions};
 
 use crate::context::Class;
 

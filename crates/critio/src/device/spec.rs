@@ -1,0 +1,205 @@
+//! Naming a device on a command line or in a config file, and opening it.
+//!
+//! | spec            | device                                                  |
+//! |-----------------|---------------------------------------------------------|
+//! | `mem`           | memory, completes inline                                |
+//! | `sim`, `sim:ssd`| simulated SSD (8 channels), in memory                   |
+//! | `sim:hdd`       | simulated 7200 rpm HDD, in memory                       |
+//! | `sim:ssd:PATH`, `sim:hdd:PATH` | the same simulation over a file (data outlives the process) |
+//! | `file:PATH`     | io_uring with O_DIRECT on a real file, per-request ioprio |
+//! | `pool:PATH`     | pread/pwrite worker threads with per-class `ioprio_set` |
+
+use std::fmt;
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::sync::Arc;
+
+use super::mem::MemDevice;
+use super::pool::{PoolDevice, PoolOptions};
+use super::sim::{Profile, SimConfig, SimDevice};
+use super::uring::{ClassPriorities, UringDevice, UringOptions};
+use super::{Device, DeviceError};
+
+/// A device, by name.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DeviceSpec {
+    /// `mem`.
+    Mem,
+    /// `sim[:ssd|:hdd][:PATH]`.
+    Sim {
+        /// The drive profile.
+        profile: Profile,
+        /// A file to keep the data in, else memory.
+        file: Option<PathBuf>,
+    },
+    /// `file:PATH`: io_uring with O_DIRECT.
+    Uring(PathBuf),
+    /// `pool:PATH`: pread/pwrite workers.
+    Pool(PathBuf),
+}
+
+/// How to open a device.
+#[derive(Clone, Copy, Debug)]
+pub struct OpenOptions {
+    /// Size of a memory or simulated device, and of a file created because
+    /// it did not exist.
+    pub capacity: u64,
+    /// Seed of a simulated device.
+    pub seed: u64,
+    /// Kernel priorities of each class for `file:` and `pool:` devices
+    /// (`None`: no per-request priority).
+    pub priorities: Option<ClassPriorities>,
+}
+
+impl Default for OpenOptions {
+    fn default() -> Self {
+        Self {
+            capacity: 1 << 30,
+            seed: 0,
+            priorities: Some(ClassPriorities::LEVELS),
+        }
+    }
+}
+
+impl FromStr for DeviceSpec {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let path = |p: &str| {
+            if p.is_empty() {
+                Err(format!("`{s}`: give a path after the colon"))
+            } else {
+                Ok(PathBuf::from(p))
+            }
+        };
+        let sim = |profile, rest: Option<&str>| {
+            Ok(DeviceSpec::Sim {
+                profile,
+                file: rest.map(path).transpose()?,
+            })
+        };
+        match s.split_once(':') {
+            None if s == "mem" => Ok(DeviceSpec::Mem),
+            None if s == "sim" => sim(Profile::Ssd, None),
+            Some(("file", p)) => Ok(DeviceSpec::Uring(path(p)?)),
+            Some(("pool", p)) => Ok(DeviceSpec::Pool(path(p)?)),
+            Some(("sim", rest)) => {
+                let (profile, file) = rest
+                    .split_once(':')
+                    .map_or((rest, None), |(a, b)| (a, Some(b)));
+                match profile {
+                    "ssd" => sim(Profile::Ssd, file),
+                    "hdd" => sim(Profile::Hdd, file),
+                    _ => Err(format!("`{s}`: the simulated profile is `ssd` or `hdd`")),
+                }
+            }
+            _ => Err(format!(
+                "`{s}` is not a device: use mem, sim, sim:ssd, sim:hdd, sim:ssd:PATH, \
+                 sim:hdd:PATH, file:PATH (io_uring) or pool:PATH"
+            )),
+        }
+    }
+}
+
+impl fmt::Display for DeviceSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DeviceSpec::Mem => f.write_str("mem"),
+            DeviceSpec::Sim { profile, file } => {
+                let p = match profile {
+                    Profile::Ssd => "ssd",
+                    Profile::Hdd => "hdd",
+                };
+                match file {
+                    Some(path) => write!(f, "sim:{p}:{}", path.display()),
+                    None => write!(f, "sim:{p}"),
+                }
+            }
+            DeviceSpec::Uring(p) => write!(f, "file:{}", p.display()),
+            DeviceSpec::Pool(p) => write!(f, "pool:{}", p.display()),
+        }
+    }
+}
+
+impl DeviceSpec {
+    /// Opens the device.
+    pub fn open(&self, opts: OpenOptions) -> Result<Arc<dyn Device>, DeviceError> {
+        Ok(match self {
+            DeviceSpec::Mem => Arc::new(MemDevice::new(opts.capacity)),
+            DeviceSpec::Sim { profile, file } => {
+                let base = match profile {
+                    Profile::Ssd => SimConfig::ssd(opts.capacity, opts.seed),
+                    Profile::Hdd => SimConfig::hdd(opts.capacity, opts.seed),
+                };
+                let cfg = match file {
+                    Some(p) => base.with_file(p),
+                    None => base,
+                };
+                Arc::new(SimDevice::new(cfg)?)
+            }
+            DeviceSpec::Uring(p) => Arc::new(UringDevice::open(
+                p,
+                UringOptions {
+                    create_size: Some(opts.capacity),
+                    per_request_ioprio: opts.priorities.is_some(),
+                    priorities: opts.priorities.unwrap_or_default(),
+                    ..UringOptions::default()
+                },
+            )?),
+            DeviceSpec::Pool(p) => Arc::new(PoolDevice::open(
+                p,
+                PoolOptions {
+                    create_size: Some(opts.capacity),
+                    set_worker_ioprio: opts.priorities.is_some(),
+                    priorities: opts.priorities.unwrap_or_default(),
+                    ..PoolOptions::default()
+                },
+            )?),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn specs_parse_and_print_back() {
+        for s in [
+            "mem",
+            "sim:ssd",
+            "sim:hdd",
+            "sim:hdd:/tmp/x.img",
+            "file:/d/f",
+            "pool:/d/f",
+        ] {
+            let spec: DeviceSpec = s.parse().unwrap();
+            assert_eq!(spec.to_string(), s);
+        }
+        assert_eq!("sim".parse::<DeviceSpec>().unwrap().to_string(), "sim:ssd");
+        let e = "disk".parse::<DeviceSpec>().unwrap_err();
+        assert!(e.contains("file:PATH"), "{e}");
+        assert!("file:".parse::<DeviceSpec>().unwrap_err().contains("path"));
+        assert!("sim:tape"
+            .parse::<DeviceSpec>()
+            .unwrap_err()
+            .contains("ssd"));
+    }
+
+    #[test]
+    fn mem_and_sim_open() {
+        let opts = OpenOptions {
+            capacity: 1 << 20,
+            ..OpenOptions::default()
+        };
+        assert_eq!(DeviceSpec::Mem.open(opts).unwrap().info().capacity, 1 << 20);
+        let sim: DeviceSpec = "sim".parse().unwrap();
+        assert_eq!(sim.open(opts).unwrap().info().capacity, 1 << 20);
+        let missing = DeviceSpec::Uring("/nonexistent-dir/x".into()).open(opts);
+        let e = missing
+            .err()
+            .expect("cannot open under a missing directory")
+            .to_string();
+        assert!(e.contains("/nonexistent-dir"), "{e}");
+    }
+}
