@@ -30,6 +30,9 @@ enum Command {
         /// A shorter, noisier run.
         #[arg(long)]
         quick: bool,
+        /// The device: sim, sim:hdd, sim:ssd, file:PATH (io_uring, O_DIRECT).
+        #[arg(long, value_name = "SPEC")]
+        device: Option<String>,
         /// List the experiments.
         #[arg(long)]
         list: bool,
@@ -38,12 +41,7 @@ enum Command {
     Serve,
 }
 
-fn bench(
-    experiment: Option<String>,
-    json: Option<PathBuf>,
-    quick: bool,
-    list: bool,
-) -> Result<(), String> {
+fn bench(experiment: Option<String>, args: bench::BenchArgs, list: bool) -> Result<(), String> {
     let Some(name) = experiment.filter(|_| !list) else {
         for e in bench::EXPERIMENTS {
             println!("{:<24} {}", e.name, e.about);
@@ -51,7 +49,6 @@ fn bench(
         return Ok(());
     };
     let experiment = bench::find(&name)?;
-    let args = bench::BenchArgs { quick, json };
     let report = (experiment.run)(&args)?;
     print!("{}", report.render());
     if let Some(path) = &args.json {
@@ -71,8 +68,17 @@ fn main() -> ExitCode {
             experiment,
             json,
             quick,
+            device,
             list,
-        } => bench(experiment, json, quick, list),
+        } => bench(
+            experiment,
+            bench::BenchArgs {
+                quick,
+                json,
+                device,
+            },
+            list,
+        ),
         Command::Serve => Err(format!(
             "the key-value server (critio-kv {}) arrives with issue 5",
             critio_kv::VERSION

@@ -1,7 +1,10 @@
 //! `critio bench <experiment>`: the experiments, each reporting what it
 //! measured side by side in one run, as a table, targets and optional JSON.
 
+mod block_overhead;
+mod e2_device_priority;
 mod lock_overhead;
+mod real_device_mix;
 pub mod report;
 
 use std::path::PathBuf;
@@ -15,6 +18,9 @@ pub struct BenchArgs {
     pub quick: bool,
     /// Where to write the JSON copy of the report.
     pub json: Option<PathBuf>,
+    /// The device to run on (`sim`, `sim:hdd`, `sim:ssd`, `file:PATH`, ...);
+    /// each experiment documents its default.
+    pub device: Option<String>,
 }
 
 /// An experiment: its name, a one-line description, and its entry point.
@@ -28,11 +34,28 @@ pub struct Experiment {
 }
 
 /// Every experiment, in the order `critio bench --list` prints them.
-pub const EXPERIMENTS: &[Experiment] = &[Experiment {
-    name: "lock-overhead",
-    about: "critio Mutex vs parking_lot/std: uncontended cost (goal <= 2x) and contended hand-off",
-    run: lock_overhead::run,
-}];
+pub const EXPERIMENTS: &[Experiment] = &[
+    Experiment {
+        name: "lock-overhead",
+        about: "critio Mutex vs parking_lot/std: uncontended cost (goal <= 2x) and contended hand-off",
+        run: lock_overhead::run,
+    },
+    Experiment {
+        name: "e2-device-priority",
+        about: "paper 001 Fig. 2 on the simulated HDD: fg QD 1..32 vs bg QD 32, device priority on/off",
+        run: e2_device_priority::run,
+    },
+    Experiment {
+        name: "real-device-mix",
+        about: "critical QD1 reader + background QD32 writer on a real file, 6 configs (needs io_uring)",
+        run: real_device_mix::run,
+    },
+    Experiment {
+        name: "block-overhead",
+        about: "4 KiB reads on the mem device, directly vs through the block layer (goal >= 0.9x)",
+        run: block_overhead::run,
+    },
+];
 
 /// Finds an experiment by name, or says which exist.
 pub fn find(name: &str) -> Result<&'static Experiment, String> {

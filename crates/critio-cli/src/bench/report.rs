@@ -108,7 +108,6 @@ pub enum Goal {
     /// The measured value must be at most this.
     AtMost(f64),
     /// The measured value must be at least this.
-    #[allow(dead_code)] // the experiments of issues 3-7 use it
     AtLeast(f64),
 }
 

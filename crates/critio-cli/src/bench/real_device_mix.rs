@@ -1,0 +1,363 @@
+//! `critio bench real-device-mix --device file:PATH`: a critical 4 KiB
+//! random reader at QD 1 next to a non-critical 128 KiB sequential writer at
+//! QD 32, on a real file through io_uring with O_DIRECT (the disk's own
+//! scheduler left as it is), in six configurations measured in one run:
+//!
+//! | run                         | critio layers            | per-request ioprio |
+//! |-----------------------------|--------------------------|--------------------|
+//! | reader alone                | off (one FIFO)           | off                |
+//! | writer alone                | off                      | off                |
+//! | no priority                 | off                      | off                |
+//! | kernel ioprio only          | off                      | RT / IDLE          |
+//! | critio, cap 1               | rcp, 1 writer at device  | BE 0 / BE 7        |
+//! | critio, auto                | rcp, adaptive cap        | BE 0 / BE 7        |
+//! | critio, auto, strict kernel | rcp, adaptive cap        | RT / IDLE          |
+//!
+//! Under critio's layers the kernel gets priority *levels*
+//! ([`ClassPriorities::LEVELS`]): critio orders the classes itself; strict
+//! RT/IDLE classes let mq-deadline hold every background write while any
+//! critical read is in flight, which the last row shows.
+//!
+//! Target (DESIGN.md section 8): with `auto`, reader p99.9 within 2x of the
+//! reader alone while the writer keeps at least half its alone throughput.
+
+use std::collections::VecDeque;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use critio::block::{AutoCapConfig, BlockConfig, BlockLayer, BlockScheme, NoncriticalCap};
+use critio::context;
+use critio::device::uring::{ClassPriorities, UringDevice, UringOptions};
+use critio::device::{AlignedBuf, Device};
+use critio::metrics::LatencyHistogram;
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use serde_json::json;
+
+use super::report::{Goal, Report, Table, Target};
+use super::BenchArgs;
+
+const REGION: u64 = 1 << 30;
+const FILE_SIZE: u64 = 2 * REGION;
+const READ_LEN: usize = 4096;
+const WRITE_LEN: usize = 128 << 10;
+const WRITER_QD: usize = 32;
+const FILLED_MAGIC: &[u8] = b"critio real-device-mix prefilled v1";
+
+/// The default file, on a disk-backed filesystem.
+pub fn default_path() -> PathBuf {
+    PathBuf::from("/var/tmp/critio-real-device-mix.img")
+}
+
+#[derive(Clone, Copy)]
+struct RunCfg {
+    name: &'static str,
+    reader: bool,
+    writer: bool,
+    scheme: BlockScheme,
+    cap: NoncriticalCap,
+    ioprio: Option<ClassPriorities>,
+}
+
+struct RunResult {
+    reads: LatencyHistogram,
+    read_iops: f64,
+    write_mib_s: f64,
+    final_cap: u32,
+}
+
+/// Fills the file with data once, so reads hit allocated blocks and writes
+/// overwrite (a hole would read as zeros without touching the disk).
+fn prefill(path: &Path) -> Result<(), String> {
+    let opts = UringOptions {
+        create_size: Some(FILE_SIZE),
+        ..UringOptions::default()
+    };
+    let dev = Arc::new(UringDevice::open(path, opts).map_err(|e| e.to_string())?);
+    if dev.info().capacity < FILE_SIZE {
+        return Err(format!(
+            "{} is smaller than {} GiB; remove it or pass another path",
+            path.display(),
+            FILE_SIZE >> 30
+        ));
+    }
+    let layer = BlockLayer::new(dev, BlockConfig::default()).map_err(|e| e.to_string())?;
+    let head = layer
+        .read(FILE_SIZE - 4096, 4096)
+        .map_err(|e| e.to_string())?;
+    if head.as_slice().starts_with(FILLED_MAGIC) {
+        return Ok(());
+    }
+    eprintln!(
+        "real-device-mix: filling {} ({} GiB) once",
+        path.display(),
+        FILE_SIZE >> 30
+    );
+    let mut rng = SmallRng::seed_from_u64(1);
+    let mut chunk = AlignedBuf::zeroed(1 << 20);
+    let mut pending = VecDeque::new();
+    for off in (0..FILE_SIZE).step_by(1 << 20) {
+        rng.fill(chunk.as_mut_slice());
+        if off + (1 << 20) == FILE_SIZE {
+            let tail = chunk.as_mut_slice().len() - 4096;
+            chunk.as_mut_slice()[tail..tail + FILLED_MAGIC.len()].copy_from_slice(FILLED_MAGIC);
+        }
+        pending.push_back(
+            layer
+                .write_async(off, chunk.clone())
+                .map_err(|e| e.to_string())?,
+        );
+        if pending.len() >= 16 {
+            pending
+                .pop_front()
+                .expect("non-empty")
+                .wait()
+                .map_err(|e| e.to_string())?;
+        }
+    }
+    for h in pending {
+        h.wait().map_err(|e| e.to_string())?;
+    }
+    layer.flush().map_err(|e| e.to_string())
+}
+
+fn block_config(run: &RunCfg) -> BlockConfig {
+    BlockConfig {
+        scheme: run.scheme,
+        noncritical_cap: run.cap,
+        noncritical_slots: 128,
+        ..BlockConfig::default()
+    }
+}
+
+fn reader(layer: &BlockLayer, stop: &AtomicBool, hist: &mut LatencyHistogram) -> u64 {
+    context::set_foreground();
+    let mut rng = SmallRng::seed_from_u64(42);
+    let mut n = 0;
+    while !stop.load(Ordering::Relaxed) {
+        let offset = rng.gen_range(0..REGION / READ_LEN as u64) * READ_LEN as u64;
+        let t = Instant::now();
+        layer.read(offset, READ_LEN).expect("reader: read failed");
+        hist.record(t.elapsed());
+        n += 1;
+    }
+    n
+}
+
+fn writer(layer: &BlockLayer, stop: &AtomicBool, bytes: &AtomicU64) {
+    let buf = AlignedBuf::from_slice(&[0x5a; WRITE_LEN]);
+    let mut offset = REGION;
+    let mut inflight = VecDeque::with_capacity(WRITER_QD);
+    while !stop.load(Ordering::Relaxed) {
+        if inflight.len() == WRITER_QD {
+            let h: critio::block::IoHandle = inflight.pop_front().expect("full");
+            h.wait().expect("writer: write failed");
+            bytes.fetch_add(WRITE_LEN as u64, Ordering::Relaxed);
+        }
+        inflight.push_back(
+            layer
+                .write_async(offset, buf.clone())
+                .expect("writer: submit"),
+        );
+        offset += WRITE_LEN as u64;
+        if offset + WRITE_LEN as u64 > FILE_SIZE {
+            offset = REGION;
+        }
+    }
+    for h in inflight {
+        h.wait().expect("writer: write failed");
+    }
+}
+
+fn run_one(path: &Path, run: RunCfg, secs: f64) -> Result<RunResult, String> {
+    let opts = UringOptions {
+        per_request_ioprio: run.ioprio.is_some(),
+        priorities: run.ioprio.unwrap_or_default(),
+        ..UringOptions::default()
+    };
+    let dev = Arc::new(UringDevice::open(path, opts).map_err(|e| e.to_string())?);
+    let layer = Arc::new(BlockLayer::new(dev, block_config(&run)).map_err(|e| e.to_string())?);
+    let stop = Arc::new(AtomicBool::new(false));
+    let written = Arc::new(AtomicU64::new(0));
+    let w = run.writer.then(|| {
+        let (layer, stop, written) = (layer.clone(), stop.clone(), written.clone());
+        std::thread::spawn(move || writer(&layer, &stop, &written))
+    });
+    let r = run.reader.then(|| {
+        let (layer, stop) = (layer.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut hist = LatencyHistogram::new();
+            let n = reader(&layer, &stop, &mut hist);
+            (n, hist)
+        })
+    });
+    let start = Instant::now();
+    if std::env::var_os("CRITIO_DEBUG_MIX").is_some() {
+        while start.elapsed().as_secs_f64() < secs {
+            std::thread::sleep(Duration::from_millis(200));
+            let st = layer.stats();
+            eprintln!(
+                "  t={:.1} cap={} crit={} nc={} nc_dev_p50={:.0}us crit_dev_p50={:.0}us",
+                start.elapsed().as_secs_f64(),
+                st.noncritical_cap,
+                st.classes[0].completions,
+                st.classes[1].completions,
+                st.classes[1].device_time.p50_us,
+                st.classes[0].device_time.p50_us
+            );
+        }
+    } else {
+        std::thread::sleep(Duration::from_secs_f64(secs));
+    }
+    stop.store(true, Ordering::Relaxed);
+    let elapsed = start.elapsed().as_secs_f64();
+    let (n, reads) = match r {
+        Some(h) => h.join().map_err(|_| "reader panicked")?,
+        None => (0, LatencyHistogram::new()),
+    };
+    if let Some(h) = w {
+        h.join().map_err(|_| "writer panicked")?;
+    }
+    Ok(RunResult {
+        reads,
+        read_iops: n as f64 / elapsed,
+        write_mib_s: written.load(Ordering::Relaxed) as f64 / elapsed / (1 << 20) as f64,
+        final_cap: layer.stats().noncritical_cap,
+    })
+}
+
+fn runs() -> [RunCfg; 7] {
+    let base = RunCfg {
+        name: "",
+        reader: true,
+        writer: true,
+        scheme: BlockScheme::None,
+        cap: NoncriticalCap::Fixed(0),
+        ioprio: None,
+    };
+    let strict = Some(ClassPriorities::default());
+    let critio = RunCfg {
+        scheme: BlockScheme::Rcp,
+        cap: NoncriticalCap::Auto(AutoCapConfig::default()),
+        ioprio: Some(ClassPriorities::LEVELS),
+        ..base
+    };
+    [
+        RunCfg {
+            name: "reader alone",
+            writer: false,
+            ..base
+        },
+        RunCfg {
+            name: "writer alone",
+            reader: false,
+            ..base
+        },
+        RunCfg {
+            name: "both, no priority",
+            ..base
+        },
+        RunCfg {
+            name: "both, kernel ioprio only",
+            ioprio: strict,
+            ..base
+        },
+        RunCfg {
+            name: "both, critio cap 1",
+            cap: NoncriticalCap::Fixed(1),
+            ..critio
+        },
+        RunCfg {
+            name: "both, critio auto",
+            ..critio
+        },
+        RunCfg {
+            name: "both, critio auto, strict kernel",
+            ioprio: strict,
+            ..critio
+        },
+    ]
+}
+
+/// Runs the experiment.
+pub fn run(args: &BenchArgs) -> Result<Report, String> {
+    let path = match args.device.as_deref() {
+        None => default_path(),
+        Some(spec) => match spec.strip_prefix("file:") {
+            Some(p) => PathBuf::from(p),
+            None => {
+                return Err(format!(
+                    "real-device-mix needs --device file:PATH, not `{spec}`"
+                ))
+            }
+        },
+    };
+    prefill(&path)?;
+    let secs = if args.quick { 2.0 } else { 8.0 };
+    let mut results = Vec::new();
+    for run in runs() {
+        eprintln!("real-device-mix: {} ({secs} s)", run.name);
+        results.push((run, run_one(&path, run, secs)?));
+    }
+    let alone_p999 = results[0].1.reads.quantile(0.999).as_secs_f64();
+    let alone_mib = results[1].1.write_mib_s;
+    let mut t = Table::new(
+        &format!(
+            "{}: reader 4 KiB random QD 1 (critical), writer 128 KiB sequential QD 32 (non-critical), {secs} s each",
+            path.display()
+        ),
+        &["run", "read IOPS", "p50 us", "p99 us", "p99.9 us", "p99.9 / alone", "write MiB/s", "write / alone", "nc cap"],
+    );
+    for (run, r) in &results {
+        let q = |x: f64| r.reads.quantile(x).as_secs_f64() * 1e6;
+        let p999 = r.reads.quantile(0.999).as_secs_f64();
+        t.row(vec![
+            json!(run.name),
+            json!(r.read_iops),
+            json!(q(0.5)),
+            json!(q(0.99)),
+            json!(q(0.999)),
+            if run.reader {
+                json!(p999 / alone_p999)
+            } else {
+                json!("-")
+            },
+            json!(r.write_mib_s),
+            if run.writer {
+                json!(r.write_mib_s / alone_mib)
+            } else {
+                json!("-")
+            },
+            if r.final_cap == u32::MAX {
+                json!("none")
+            } else {
+                json!(r.final_cap)
+            },
+        ]);
+    }
+    let auto = &results[5].1;
+    let targets = vec![
+        Target::new(
+            "auto-reader-p99.9-vs-alone",
+            auto.reads.quantile(0.999).as_secs_f64() / alone_p999,
+            Goal::AtMost(2.0),
+            "x",
+        ),
+        Target::new(
+            "auto-writer-throughput-vs-alone",
+            auto.write_mib_s / alone_mib,
+            Goal::AtLeast(0.5),
+            "x",
+        ),
+    ];
+    Ok(Report {
+        experiment: "real-device-mix".into(),
+        description: "a critical QD 1 reader next to a non-critical QD 32 writer on a real file \
+                      (io_uring, O_DIRECT, the disk's scheduler as it is), six configurations"
+            .into(),
+        tables: vec![t],
+        targets,
+    })
+}
