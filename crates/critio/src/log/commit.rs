@@ -1,0 +1,187 @@
+//! Appending, committing and truncating: what the engine's threads call.
+//!
+//! | call              | blocks on                         | until                              |
+//! |-------------------|-----------------------------------|------------------------------------|
+//! | `append`          | "log: space wait" (rarely)        | pending bytes and the ring have room |
+//! | `try_append`      | nothing                           | (`None` when `append` would wait)  |
+//! | `wait_for_space`  | "log: space wait"                 | a record of that size would fit    |
+//! | `commit(lsn)`     | "log: commit wait"                | `durable_lsn >= lsn`, or poisoned  |
+//! | `truncate(upto)`  | "log: commit wait", then the header write and flush ("log: header" lock) | the new head is durable |
+//!
+//! A critical task blocked in any of them passes its criticality on: to the
+//! writer (commit, space), to the registered space helpers (space), to the
+//! truncating task (header lock).
+//!
+//! The log is full when the ring or the pending bytes are; only
+//! [`Log::truncate`] makes room. A caller that appends while holding a lock
+//! its checkpointer needs must not wait for space under that lock (the
+//! checkpointer could never truncate): it uses `try_append`, and on `None`
+//! releases the lock, calls `wait_for_space`, and retries.
+
+use super::header::Header;
+use super::record::{encoded_len, Draft};
+use super::{Log, LogError, Lsn};
+
+impl Log {
+    /// Appends a record and returns its LSN; it becomes durable with a later
+    /// batch ([`Log::commit`] waits for that). Fails at once if the payload
+    /// exceeds `log.record_bytes_max`, and after the log is poisoned or
+    /// closed. Waits on "log: space wait" while the pending bytes or the ring
+    /// are full.
+    pub fn append(&self, payload: &[u8]) -> Result<Lsn, LogError> {
+        let lsn = self.append_inner(payload, true)?;
+        Ok(lsn.expect("a waiting append always appends"))
+    }
+
+    /// [`Log::append`] without waiting: `Ok(None)` when the log is full
+    /// right now (see the module docs for the retry pattern).
+    pub fn try_append(&self, payload: &[u8]) -> Result<Option<Lsn>, LogError> {
+        self.append_inner(payload, false)
+    }
+
+    /// Waits on "log: space wait" until a record with a `payload_len`-byte
+    /// payload would fit (another appender may take the room first: retry).
+    /// Fails like [`Log::append`] (too large, poisoned, closed).
+    pub fn wait_for_space(&self, payload_len: usize) -> Result<(), LogError> {
+        let sh = &self.shared;
+        let len = self.checked_len(payload_len)?;
+        let mut st = sh.state.lock();
+        loop {
+            if let Some(e) = st.refusal() {
+                return Err(e);
+            }
+            if st.room_for(encoded_len(len), &sh.limits) {
+                return Ok(());
+            }
+            st = sh.space_cv.wait(st);
+        }
+    }
+
+    fn checked_len(&self, payload_len: usize) -> Result<u64, LogError> {
+        let (len, max) = (payload_len as u64, self.shared.limits.record_max);
+        match len > max {
+            true => Err(LogError::RecordTooLarge { len, max }),
+            false => Ok(len),
+        }
+    }
+
+    fn append_inner(&self, payload: &[u8], wait: bool) -> Result<Option<Lsn>, LogError> {
+        let sh = &self.shared;
+        let len = self.checked_len(payload.len())?;
+        let draft = Draft::new(sh.log_id, payload);
+        debug_assert_eq!(draft.len(), encoded_len(len));
+        let mut st = sh.state.lock();
+        loop {
+            if let Some(e) = st.refusal() {
+                return Err(e);
+            }
+            if st.room_for(draft.len(), &sh.limits) {
+                break;
+            }
+            if !wait {
+                return Ok(None);
+            }
+            st = sh.space_cv.wait(st);
+        }
+        let lsn = st.next_lsn;
+        let record = draft.seal(lsn, sh.epoch);
+        st.pending_bytes += record.len() as u64;
+        st.pending.push_back(record);
+        st.next_lsn += 1;
+        let wake = std::mem::take(&mut st.writer_idle);
+        st.check_invariants();
+        drop(st);
+        if wake {
+            sh.work_cv.notify_one();
+        }
+        Ok(Some(lsn))
+    }
+
+    /// Waits until record `lsn` is durable (written and flushed). Fails if
+    /// its batch's write or flush failed (or an earlier one did: the log is
+    /// poisoned), or if the log closed before it was written.
+    ///
+    /// # Panics
+    /// If `lsn` was never appended.
+    pub fn commit(&self, lsn: Lsn) -> Result<(), LogError> {
+        let sh = &self.shared;
+        let mut st = sh.state.lock();
+        assert!(
+            lsn >= 1 && lsn < st.next_lsn,
+            "commit of LSN {lsn}, which was never appended (next LSN {})",
+            st.next_lsn
+        );
+        loop {
+            if st.durable_lsn >= lsn {
+                return Ok(());
+            }
+            if let Some(p) = &st.poison {
+                return Err(p.error());
+            }
+            if st.writer_done {
+                return Err(LogError::Closed);
+            }
+            let batch = match st.inflight {
+                Some((_, last)) if lsn <= last => st.batches_taken - 1,
+                _ => st.batches_taken,
+            };
+            st = sh.commit_queue(batch).wait(st);
+        }
+    }
+
+    /// Appends a record and waits until it is durable.
+    pub fn append_commit(&self, payload: &[u8]) -> Result<Lsn, LogError> {
+        let lsn = self.append(payload)?;
+        self.commit(lsn)?;
+        Ok(lsn)
+    }
+
+    /// Drops the records up to `upto` (a checkpoint made them obsolete): it
+    /// waits until they are durable (as [`Log::commit`]), then the head
+    /// moves to the first record after `upto`, the header is written and
+    /// flushed in the caller's class, and then the space is reused. Records
+    /// before `upto + 1` that share the head's batch are kept on disk
+    /// (space is freed by whole batches) but no longer recovered. A no-op if
+    /// the head is already past `upto`.
+    ///
+    /// # Panics
+    /// If `upto` was never appended.
+    pub fn truncate(&self, upto: Lsn) -> Result<(), LogError> {
+        let sh = &self.shared;
+        if upto == 0 {
+            return Ok(());
+        }
+        self.commit(upto)?;
+        let mut hs = sh.header.lock();
+        let target = upto + 1;
+        let (v, pos_lsn) = {
+            let st = sh.state.lock();
+            if let Some(p) = &st.poison {
+                return Err(p.error());
+            }
+            assert!(upto <= st.durable_lsn, "committed, so durable");
+            if target <= st.ring.head_lsn() {
+                return Ok(());
+            }
+            st.ring.head_for(target, st.placed_next())
+        };
+        let next = Header {
+            seq: hs.header.seq + 1,
+            head_pos: sh.geo.phys(v),
+            head_pos_lsn: pos_lsn,
+            head_lsn: target,
+            ..hs.header
+        };
+        sh.write_header(&mut hs, next)?;
+        {
+            let mut st = sh.state.lock();
+            st.ring.set_head(v, pos_lsn, target);
+            assert_eq!(st.ring.head_pos(), (next.head_pos, next.head_pos_lsn));
+            st.stats.truncations += 1;
+            st.check_invariants();
+        }
+        drop(hs);
+        sh.space_cv.notify_all();
+        Ok(())
+    }
+}

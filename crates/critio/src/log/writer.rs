@@ -1,0 +1,193 @@
+//! The log writer: one thread that turns pending records into durable
+//! batches (group commit).
+//!
+//! ```text
+//!  loop:
+//!    lock state ── nothing pending ──> wait "log: writer idle" (exit if closing)
+//!        │ take records from the front, up to batch_bytes_max
+//!        │ place the batch in the ring ── no room ──> wait "log: space wait"
+//!        │                                            (give up if closing)
+//!    unlock; write the batch, flush        <- synchronous, in the writer's class:
+//!        │                                    critical while it inherits from a
+//!        │                                    critical committer
+//!    lock state: durable_lsn = last, or poison; notify "log: commit wait"
+//! ```
+//!
+//! The writer is the explicit helper of "log: commit wait" (registered by
+//! `open`): whenever a critical task waits there, the writer inherits, and
+//! the chain walk carries that to the I/O it is blocked on.
+
+use std::sync::Arc;
+
+use super::state::{Poison, Shared};
+use super::Lsn;
+use crate::block::BlockError;
+use crate::device::AlignedBuf;
+
+/// A batch taken from the pending records and placed in the ring.
+struct Batch {
+    /// Its number (which commit queue waits for it).
+    seq: u64,
+    first: Lsn,
+    last: Lsn,
+    start_v: u64,
+    records: Vec<Vec<u8>>,
+    padded: u64,
+}
+
+/// The writer thread's body.
+pub(crate) fn run(sh: Arc<Shared>) {
+    let _exit = Exit(&sh);
+    while let Some(batch) = next_batch(&sh) {
+        let result = write_batch(&sh, &batch);
+        finish(&sh, &batch, result);
+    }
+}
+
+/// Marks the writer gone when it exits, even by a panic (a bug): commits
+/// that it will never make durable fail instead of waiting forever, and
+/// appends are refused.
+struct Exit<'a>(&'a Shared);
+
+impl Drop for Exit<'_> {
+    fn drop(&mut self) {
+        {
+            let mut st = self.0.state.lock();
+            st.writer_done = true;
+            st.closing = true;
+        }
+        self.0.wake_all_committers();
+        self.0.space_cv.notify_all();
+    }
+}
+
+/// Waits for records and room, then takes a batch. `None` when the writer
+/// should exit: closing with nothing (writable) pending, or poisoned.
+fn next_batch(sh: &Shared) -> Option<Batch> {
+    let block = sh.geo.block;
+    let mut st = sh.state.lock();
+    loop {
+        if st.poison.is_some() {
+            return None;
+        }
+        if st.pending.is_empty() {
+            if st.closing {
+                return None;
+            }
+            st.writer_idle = true;
+            st = sh.work_cv.wait(st);
+            continue;
+        }
+        let (count, bytes) = batch_extent(
+            st.pending.iter().map(|r| r.len() as u64),
+            sh.limits.batch_max,
+        );
+        let padded = bytes.div_ceil(block) * block;
+        let Some(start_v) = st.ring.place(padded) else {
+            if st.closing {
+                return None; // the ring is full and nobody will truncate now
+            }
+            st = sh.space_cv.wait(st);
+            continue;
+        };
+        let first = st.placed_next();
+        let records: Vec<Vec<u8>> = st.pending.drain(..count).collect();
+        st.pending_bytes -= bytes;
+        st.ring.push(first, start_v, padded);
+        let last = first + count as u64 - 1;
+        st.inflight = Some((first, last));
+        let seq = st.batches_taken;
+        st.batches_taken += 1;
+        st.check_invariants();
+        drop(st);
+        sh.space_cv.notify_all(); // pending room freed
+        return Some(Batch {
+            seq,
+            first,
+            last,
+            start_v,
+            records,
+            padded,
+        });
+    }
+}
+
+/// How many records from the front form a batch of at most `max` bytes
+/// (at least one), and their bytes.
+fn batch_extent(sizes: impl Iterator<Item = u64>, max: u64) -> (usize, u64) {
+    let (mut count, mut bytes) = (0, 0);
+    for size in sizes {
+        assert!(size <= max, "a record larger than a batch was appended");
+        if bytes + size > max {
+            break;
+        }
+        count += 1;
+        bytes += size;
+    }
+    assert!(count > 0);
+    (count, bytes)
+}
+
+/// Writes and flushes a batch, in the writer's current class. On failure,
+/// says which operation failed.
+fn write_batch(sh: &Shared, b: &Batch) -> Result<(), Poison> {
+    let mut buf = AlignedBuf::zeroed(b.padded as usize);
+    let mut at = 0;
+    for r in &b.records {
+        buf.as_mut_slice()[at..at + r.len()].copy_from_slice(r);
+        at += r.len();
+    }
+    let offset = sh.geo.device_offset(b.start_v);
+    let fail = |op: &str, cause: BlockError| Poison {
+        failed: format!(
+            "{op} of records {}..={} ({} bytes at offset {offset})",
+            b.first, b.last, b.padded
+        ),
+        first_unacked: b.first,
+        cause,
+    };
+    sh.block.write(offset, buf).map_err(|e| fail("write", e))?;
+    sh.block
+        .flush()
+        .map_err(|e| fail("flush after the write", e))
+}
+
+/// Acknowledges the batch, or poisons the log; wakes the committers.
+fn finish(sh: &Shared, b: &Batch, result: Result<(), Poison>) {
+    match result {
+        Ok(()) => {
+            let mut st = sh.state.lock();
+            assert_eq!(st.inflight, Some((b.first, b.last)));
+            st.inflight = None;
+            // A header failure may have poisoned the log meanwhile: then
+            // nothing more is acknowledged.
+            if st.poison.is_none() {
+                assert_eq!(st.durable_lsn + 1, b.first, "batches complete in order");
+                st.durable_lsn = b.last;
+                st.stats.batches += 1;
+                st.stats.records += b.last - b.first + 1;
+                st.stats.bytes_written += b.padded;
+            }
+            st.check_invariants();
+            drop(st);
+            // Only this batch's committers: see `Shared::commit_queue`.
+            sh.commit_queue(b.seq).notify_all();
+        }
+        Err(poison) => {
+            sh.state.lock().inflight = None;
+            sh.poison(poison);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_batch_takes_whole_records_up_to_the_limit() {
+        assert_eq!(batch_extent([8, 8, 8].into_iter(), 20), (2, 16));
+        assert_eq!(batch_extent([20, 8].into_iter(), 20), (1, 20));
+        assert_eq!(batch_extent([8].into_iter(), 4096), (1, 8));
+    }
+}

@@ -1,0 +1,980 @@
+//! Scenario tests of the write-ahead log: round trips, truncation and
+//! wrap-around over many laps, torn and corrupt tails, poisoning, power cuts
+//! on the simulated SSD and on the fault injector (many seeds, `SEED=n`
+//! reproduces one), and the RCP scenario: a foreground commit makes the busy
+//! log writer critical.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::error::Error as _;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{mpsc, Arc};
+use std::time::Duration;
+
+use common::gate::GateDevice;
+use common::{wait_blocked, wait_until};
+use critio::block::{BlockConfig, BlockLayer};
+use critio::config::SyncConfig;
+use critio::context::{self, BlockingStatus, Class};
+use critio::device::faulty::{FaultConfig, FaultyDevice};
+use critio::device::mem::MemDevice;
+use critio::device::sim::{SimConfig, SimDevice};
+use critio::device::{
+    submit_and_wait, AlignedBuf, Command, Completer, Completion, Device, DeviceError, DeviceInfo,
+    Op,
+};
+use critio::log::{Log, LogConfig, LogError, Lsn, Recovery, Tail, COMMIT_POINT, SPACE_POINT};
+use parking_lot::Mutex;
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+
+const KIB: u64 = 1 << 10;
+const BLOCK: u64 = 4096;
+
+/// A 256 KiB log at 64 KiB: 63 ring blocks.
+fn small_cfg() -> LogConfig {
+    LogConfig {
+        region_offset_bytes: 64 * KIB,
+        region_bytes: 256 * KIB,
+        batch_bytes_max: 64 * KIB,
+        record_bytes_max: 16 * KIB,
+        pending_bytes_max: 128 * KIB,
+        allow_corrupt_truncate: false,
+    }
+}
+
+/// The smallest log: 15 ring blocks.
+fn tiny_cfg() -> LogConfig {
+    LogConfig {
+        region_offset_bytes: 0,
+        region_bytes: 64 * KIB,
+        batch_bytes_max: 28 * KIB,
+        record_bytes_max: 6000,
+        pending_bytes_max: 28 * KIB,
+        allow_corrupt_truncate: false,
+    }
+}
+
+fn layer(dev: &Arc<dyn Device>) -> Arc<BlockLayer> {
+    Arc::new(BlockLayer::new(dev.clone(), BlockConfig::default()).unwrap())
+}
+
+fn try_open(dev: &Arc<dyn Device>, cfg: &LogConfig) -> Result<(Log, Recovery), LogError> {
+    Log::open(layer(dev), cfg, &SyncConfig::default())
+}
+
+fn open(dev: &Arc<dyn Device>, cfg: &LogConfig) -> (Log, Recovery) {
+    try_open(dev, cfg).unwrap_or_else(|e| panic!("open failed: {e}"))
+}
+
+fn mem(capacity: u64) -> Arc<dyn Device> {
+    Arc::new(MemDevice::new(capacity))
+}
+
+/// Payload `lsn` of length `len`: recognizable bytes.
+fn body(lsn: Lsn, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| (lsn as usize * 31 + i * 7) as u8)
+        .collect()
+}
+
+/// The device offset of ring byte `at` of a log configured by `cfg`.
+fn ring_offset(cfg: &LogConfig, at: u64) -> u64 {
+    cfg.region_offset_bytes + BLOCK + at
+}
+
+/// Changes one device byte directly (not through the log).
+fn poke(dev: &dyn Device, offset: u64, f: impl FnOnce(&mut u8)) {
+    let block = offset / 512 * 512;
+    let mut c = submit_and_wait(dev, Command::read(block, 512, Class::Critical));
+    c.result.unwrap();
+    f(&mut c.buf.as_mut_slice()[(offset - block) as usize]);
+    let w = submit_and_wait(dev, Command::write(block, c.buf, Class::Critical));
+    w.result.unwrap();
+}
+
+#[test]
+fn reopen_recovers_every_committed_record_in_order() {
+    let dev = mem(4 << 20);
+    let cfg = LogConfig {
+        region_bytes: 2 << 20,
+        ..small_cfg()
+    };
+    let (log, rec) = open(&dev, &cfg);
+    assert!(rec.formatted && rec.records.is_empty() && rec.tail == Tail::Clean);
+    let mut expect = Vec::new();
+    for lsn in 1..=300u64 {
+        let p = body(lsn, (lsn as usize * 37) % 3000);
+        // Every third commit covers three records appended together.
+        assert_eq!(log.append(&p).unwrap(), lsn);
+        if lsn % 3 == 0 {
+            log.commit(lsn).unwrap();
+        }
+        expect.push((lsn, p));
+    }
+    // Records 1..=30 are obsolete; the rest must come back.
+    log.truncate(30).unwrap();
+    assert_eq!(log.durable_lsn(), 300);
+    log.close().unwrap();
+    for _ in 0..2 {
+        let (log, rec) = open(&dev, &cfg);
+        assert!(!rec.formatted);
+        assert_eq!(rec.tail, Tail::Clean);
+        assert_eq!((rec.head_lsn, rec.next_lsn), (31, 301));
+        assert_eq!(rec.records, expect[30..].to_vec());
+        assert_eq!(log.next_lsn(), 301);
+        drop(log);
+    }
+    let (log, _) = open(&dev, &cfg);
+    assert_eq!(log.append_commit(b"after").unwrap(), 301, "LSNs continue");
+}
+
+#[test]
+fn close_writes_the_pending_records_first() {
+    let dev = mem(1 << 20);
+    let (log, _) = open(&dev, &small_cfg());
+    for lsn in 1..=50 {
+        log.append(&body(lsn, 100)).unwrap();
+    }
+    log.close().unwrap();
+    let (_log, rec) = open(&dev, &small_cfg());
+    assert_eq!(
+        rec.records.len(),
+        50,
+        "appended, never committed, still written"
+    );
+}
+
+#[test]
+fn truncation_and_wrap_around_over_many_laps_recover_exactly_the_live_records() {
+    let dev = mem(1 << 20);
+    let cfg = tiny_cfg();
+    let mut rng = SmallRng::seed_from_u64(7);
+    let mut all: Vec<Vec<u8>> = vec![Vec::new()]; // index = LSN
+    let mut head = 1;
+    let (mut log, _) = open(&dev, &cfg);
+    let mut written = 0;
+    // At most 4 one-block records per round and 2 kept: the ring (15
+    // blocks) never fills, since this thread is also the truncator.
+    for round in 0..200 {
+        let mut last = 0;
+        for _ in 0..rng.gen_range(1..=4) {
+            let lsn = all.len() as Lsn;
+            let p = body(lsn, rng.gen_range(0..=3000));
+            last = log.append(&p).unwrap();
+            assert_eq!(last, lsn);
+            all.push(p);
+        }
+        log.commit(last).unwrap();
+        // Keep a few records live (sometimes none).
+        let keep = rng.gen_range(0..=2).min(last);
+        head = head.max(last - keep + 1);
+        log.truncate(head - 1).unwrap();
+        if round % 5 == 0 {
+            written += log.stats().bytes_written;
+            drop(log);
+            let (l, rec) = open(&dev, &cfg);
+            assert_eq!(rec.tail, Tail::Clean, "round {round}");
+            assert_eq!(rec.head_lsn, head, "round {round}");
+            assert_eq!(rec.next_lsn, last + 1);
+            let want: Vec<(Lsn, Vec<u8>)> = (head..=last)
+                .map(|l| (l, all[l as usize].clone()))
+                .collect();
+            assert_eq!(rec.records, want, "round {round}");
+            log = l;
+        }
+    }
+    written += log.stats().bytes_written;
+    let laps = written / (cfg.region_bytes - BLOCK);
+    assert!(laps >= 5, "only {laps} laps of the ring");
+}
+
+#[test]
+fn records_appended_while_a_batch_is_in_flight_form_the_next_batch() {
+    let gate = GateDevice::new(32);
+    let dev: Arc<dyn Device> = gate.clone();
+    let cfg = small_cfg();
+    let log = Arc::new(pumped(&gate, || open(&dev, &cfg).0));
+    let n0 = gate.arrivals().len();
+    let first = {
+        let log = log.clone();
+        std::thread::spawn(move || log.append_commit(b"first").unwrap())
+    };
+    gate.wait_arrivals(n0 + 1); // its write is held
+    let rest: Vec<_> = (0..5)
+        .map(|i| {
+            let log = log.clone();
+            std::thread::spawn(move || log.append_commit(&body(i, 200)).unwrap())
+        })
+        .collect();
+    wait_until("five more records are appended", || log.next_lsn() == 7);
+    while !(first.is_finished() && rest.iter().all(|t| t.is_finished())) {
+        gate.release_all();
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(first.join().unwrap(), 1);
+    for t in rest {
+        t.join().unwrap();
+    }
+    let stats = log.stats();
+    assert_eq!((stats.batches, stats.records), (2, 6), "{stats:?}");
+    let ops: Vec<u64> = gate.arrivals()[n0..].iter().map(|a| a.0).collect();
+    let data = ring_offset(&cfg, 0);
+    assert_eq!(
+        ops,
+        vec![data, 0, data + BLOCK, 0],
+        "write, flush, write, flush"
+    );
+}
+
+#[test]
+fn a_full_ring_blocks_appends_on_the_space_wait_and_its_helper_inherits() {
+    let dev = mem(1 << 20);
+    let cfg = tiny_cfg();
+    let (log, _) = open(&dev, &cfg);
+    let log = Arc::new(log);
+    // This thread is the checkpointer.
+    log.register_space_helper(context::current());
+    for lsn in 1..=15 {
+        log.append_commit(&body(lsn, 4000)).unwrap(); // one block each
+    }
+    assert_eq!(log.stats().used_bytes, log.stats().capacity_bytes);
+    let (tx, rx) = mpsc::channel();
+    let appender = {
+        let log = log.clone();
+        std::thread::spawn(move || {
+            context::set_foreground();
+            tx.send(context::current()).unwrap();
+            log.append_commit(&body(16, 4000))
+        })
+    };
+    let task = rx.recv().unwrap();
+    wait_blocked(&task, BlockingStatus::Condvar { name: SPACE_POINT });
+    wait_until("the checkpointer inherits", || {
+        context::current_class() == Class::Critical
+    });
+    log.truncate(10).unwrap();
+    assert_eq!(appender.join().unwrap().unwrap(), 16);
+    assert_eq!(context::current_class(), Class::NonCritical);
+    assert_eq!(log.head_lsn(), 11);
+}
+
+/// The retry pattern for appending under a lock the checkpointer needs.
+#[test]
+fn try_append_never_waits_and_wait_for_space_returns_after_truncation() {
+    let dev = mem(1 << 20);
+    let (log, _) = open(&dev, &tiny_cfg());
+    let log = Arc::new(log);
+    for lsn in 1..=15 {
+        log.append_commit(&body(lsn, 4000)).unwrap();
+    }
+    assert_eq!(log.used_pct(), 100.0);
+    assert_eq!(log.try_append(&body(16, 4000)).unwrap(), None, "full");
+    let (tx, rx) = mpsc::channel();
+    let waiter = {
+        let log = log.clone();
+        std::thread::spawn(move || {
+            tx.send(context::current()).unwrap();
+            log.wait_for_space(4000)
+        })
+    };
+    wait_blocked(
+        &rx.recv().unwrap(),
+        BlockingStatus::Condvar { name: SPACE_POINT },
+    );
+    log.truncate(15).unwrap();
+    waiter.join().unwrap().unwrap();
+    assert_eq!(log.try_append(&body(16, 4000)).unwrap(), Some(16));
+    // Truncating past records not yet durable waits for them first.
+    let lsn = log.append(b"not committed yet").unwrap();
+    log.truncate(lsn).unwrap();
+    assert_eq!((log.durable_lsn(), log.head_lsn()), (lsn, lsn + 1));
+    assert_eq!(log.used_pct(), 0.0);
+    let e = log.wait_for_space(7000).unwrap_err();
+    assert!(matches!(e, LogError::RecordTooLarge { .. }), "{e}");
+}
+
+#[test]
+fn oversized_records_and_bad_configs_are_clear_errors() {
+    let dev = mem(1 << 20);
+    let (log, _) = open(&dev, &small_cfg());
+    let e = log.append(&vec![0; 16 * 1024 + 1]).unwrap_err();
+    assert!(matches!(e, LogError::RecordTooLarge { .. }), "{e}");
+    assert!(e.to_string().contains("log.record_bytes_max"), "{e}");
+    drop(log);
+    let too_big = LogConfig {
+        region_offset_bytes: 1 << 20,
+        ..small_cfg()
+    };
+    let e = try_open(&dev, &too_big).unwrap_err().to_string();
+    assert!(
+        e.contains("log.region_bytes") && e.contains("must fit"),
+        "{e}"
+    );
+    let other_size = LogConfig {
+        region_bytes: 512 * KIB,
+        ..small_cfg()
+    };
+    let e = try_open(&dev, &other_size).unwrap_err().to_string();
+    assert!(
+        e.contains("formatted with log.region_bytes = 262144"),
+        "{e}"
+    );
+    // A region holding something else is not formatted over.
+    poke(&*dev, 64 * KIB, |b| *b ^= 0xff);
+    poke(&*dev, 64 * KIB + 512, |b| *b ^= 0xff);
+    let e = try_open(&dev, &small_cfg()).unwrap_err();
+    assert!(matches!(e, LogError::BadHeader { .. }), "{e}");
+}
+
+#[test]
+fn a_torn_last_batch_is_a_torn_tail_and_appending_resumes_over_it() {
+    let dev = mem(1 << 20);
+    let cfg = small_cfg();
+    let (log, _) = open(&dev, &cfg);
+    for lsn in 1..=5 {
+        log.append_commit(&body(lsn, 1000)).unwrap(); // data blocks 0..=4
+    }
+    log.append_commit(&body(6, 10_000)).unwrap(); // data blocks 5..=7
+    drop(log);
+    // Only the first of record 6's blocks reached the media.
+    let zeros = AlignedBuf::zeroed(2 * BLOCK as usize);
+    let w = Command::write(ring_offset(&cfg, 6 * BLOCK), zeros, Class::Critical);
+    submit_and_wait(&*dev, w).result.unwrap();
+    let (log, rec) = open(&dev, &cfg);
+    assert_eq!(
+        rec.tail,
+        Tail::Torn {
+            offset: ring_offset(&cfg, 5 * BLOCK),
+            lsn: 6
+        }
+    );
+    assert_eq!(rec.records.len(), 5);
+    assert_eq!(log.append_commit(b"six").unwrap(), 6);
+    drop(log);
+    let (_log, rec) = open(&dev, &cfg);
+    assert_eq!(rec.tail, Tail::Clean);
+    assert_eq!(rec.records.last().unwrap(), &(6, b"six".to_vec()));
+}
+
+#[test]
+fn a_flipped_byte_in_a_middle_record_is_corruption_and_open_refuses_it() {
+    let dev = mem(1 << 20);
+    let cfg = small_cfg();
+    let (log, _) = open(&dev, &cfg);
+    for lsn in 1..=10 {
+        log.append_commit(&body(lsn, 500)).unwrap(); // one batch, one block each
+    }
+    drop(log);
+    poke(&*dev, ring_offset(&cfg, 3 * BLOCK) + 100, |b| *b ^= 0x10); // record 4
+    let e = try_open(&dev, &cfg).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            LogError::Corrupt {
+                lsn: 4,
+                later_records: 6,
+                recovered: 3,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert!(e.to_string().contains("allow_corrupt_truncate"), "{e}");
+    // Refusing changed nothing: the same report again, also from inspect.
+    let rec = Log::inspect(&layer(&dev), &cfg).unwrap();
+    let corrupt = Tail::Corrupt {
+        offset: ring_offset(&cfg, 3 * BLOCK),
+        lsn: 4,
+        later_records: 6,
+    };
+    assert_eq!(rec.tail, corrupt);
+    // The caller decides to truncate there.
+    let allow = LogConfig {
+        allow_corrupt_truncate: true,
+        ..cfg
+    };
+    let (log, rec) = open(&dev, &allow);
+    assert_eq!(rec.tail, corrupt);
+    let lsns: Vec<Lsn> = rec.records.iter().map(|r| r.0).collect();
+    assert_eq!(lsns, vec![1, 2, 3]);
+    assert_eq!(rec.records[2].1, body(3, 500));
+    assert_eq!(log.append_commit(b"new four").unwrap(), 4);
+    drop(log);
+    // The dropped records 5..=10 (an older incarnation) never come back.
+    let (_log, rec) = open(&dev, &cfg);
+    assert_eq!(rec.tail, Tail::Clean);
+    assert_eq!(rec.records.len(), 4);
+    assert_eq!(rec.records[3], (4, b"new four".to_vec()));
+}
+
+/// A memory device whose writes or flushes fail while a switch is on.
+struct Switch {
+    mem: MemDevice,
+    fail: AtomicBool,
+    op: Op,
+}
+
+impl Device for Switch {
+    fn info(&self) -> &DeviceInfo {
+        self.mem.info()
+    }
+
+    fn submit(&self, cmd: Command, done: Completer) {
+        if cmd.op == self.op && self.fail.load(Ordering::SeqCst) {
+            let result = Err(DeviceError::Injected {
+                device: "switch".into(),
+                op: cmd.op,
+                offset: cmd.offset,
+            });
+            return done(Completion {
+                result,
+                buf: cmd.buf,
+            });
+        }
+        self.mem.submit(cmd, done);
+    }
+}
+
+#[test]
+fn a_failed_flush_poisons_the_log_and_says_so() {
+    let sw = Arc::new(Switch {
+        mem: MemDevice::new(1 << 20),
+        fail: AtomicBool::new(false),
+        op: Op::Flush,
+    });
+    let dev: Arc<dyn Device> = sw.clone();
+    let (log, _) = open(&dev, &small_cfg());
+    log.append_commit(b"one").unwrap();
+    sw.fail.store(true, Ordering::SeqCst);
+    let e = log.append_commit(b"two").unwrap_err();
+    let msg = e.to_string();
+    assert!(
+        matches!(
+            e,
+            LogError::Poisoned {
+                first_unacked: 2,
+                ..
+            }
+        ),
+        "{msg}"
+    );
+    assert!(
+        msg.contains("flush") && msg.contains("restart and recover"),
+        "{msg}"
+    );
+    assert!(
+        e.source().unwrap().to_string().contains("injected"),
+        "{e:?}"
+    );
+    sw.fail.store(false, Ordering::SeqCst);
+    let e = log.append(b"three").unwrap_err();
+    assert!(matches!(e, LogError::Poisoned { .. }), "{e}");
+    assert!(e.to_string().contains("flush"), "{e}");
+    assert!(log.is_poisoned());
+    assert_eq!(
+        log.durable_lsn(),
+        1,
+        "the failed batch is never acknowledged"
+    );
+    assert!(matches!(log.truncate(1), Err(LogError::Poisoned { .. })));
+    assert!(matches!(log.close(), Err(LogError::Poisoned { .. })));
+    // Restart and recover: record 1 for sure; record 2 may have reached the
+    // media (its write completed), but it was never acknowledged.
+    let (log, rec) = open(&dev, &small_cfg());
+    assert_eq!(rec.records[0], (1, b"one".to_vec()));
+    assert!(rec.records.len() <= 2);
+    log.append_commit(b"works again").unwrap();
+}
+
+#[test]
+fn a_failed_write_poisons_the_log_and_commits_waiting_on_it_fail() {
+    // Open writes one header block; then three batches fit.
+    let faults = FaultConfig {
+        no_space_after_bytes: Some(4 * BLOCK),
+        ..FaultConfig::default()
+    };
+    let inner = mem(1 << 20);
+    let dev: Arc<dyn Device> = Arc::new(FaultyDevice::new(inner.clone(), faults).unwrap());
+    let (log, _) = open(&dev, &small_cfg());
+    for lsn in 1..=3 {
+        log.append_commit(&body(lsn, 10)).unwrap();
+    }
+    let e = log.append_commit(b"four").unwrap_err();
+    assert!(e.to_string().contains("write of records 4..=4"), "{e}");
+    assert!(
+        e.source().unwrap().to_string().contains("no space"),
+        "{e:?}"
+    );
+    assert!(matches!(
+        log.append(b"five"),
+        Err(LogError::Poisoned { .. })
+    ));
+    drop(log);
+    let (_log, rec) = open(&inner, &small_cfg());
+    assert_eq!(rec.records.len(), 3);
+}
+
+#[test]
+fn a_device_whose_flushes_fail_cannot_open_a_log() {
+    let faults = FaultConfig {
+        flush_error_rate: 1.0,
+        ..FaultConfig::default()
+    };
+    let dev: Arc<dyn Device> = Arc::new(FaultyDevice::new(mem(1 << 20), faults).unwrap());
+    let e = try_open(&dev, &small_cfg()).unwrap_err();
+    assert!(matches!(e, LogError::Io { .. }), "{e}");
+    assert!(e.to_string().contains("formatting the log"), "{e}");
+    assert!(
+        e.source().unwrap().to_string().contains("injected"),
+        "{e:?}"
+    );
+}
+
+/// Holds each flush for a seeded random time before passing it on, like a
+/// drive whose cache flush takes a while. This widens the window in which
+/// a batch is written but not yet durable, where a power cut drops or tears
+/// it (without it, the window is a few microseconds and no cut lands there).
+struct SlowFlush {
+    inner: Arc<dyn Device>,
+    rng: Mutex<SmallRng>,
+    /// Flushes being held now.
+    held: Arc<AtomicU64>,
+}
+
+/// The longest a [`SlowFlush`] holds a flush.
+const FLUSH_DELAY_MAX_US: u64 = 300;
+
+impl SlowFlush {
+    fn new(inner: Arc<dyn Device>, seed: u64) -> Arc<SlowFlush> {
+        let rng = Mutex::new(SmallRng::seed_from_u64(seed));
+        let held = Arc::new(AtomicU64::new(0));
+        Arc::new(SlowFlush { inner, rng, held })
+    }
+}
+
+impl Device for SlowFlush {
+    fn info(&self) -> &DeviceInfo {
+        self.inner.info()
+    }
+
+    fn submit(&self, cmd: Command, done: Completer) {
+        if cmd.op != Op::Flush {
+            return self.inner.submit(cmd, done);
+        }
+        let delay = Duration::from_micros(self.rng.lock().gen_range(0..=FLUSH_DELAY_MAX_US));
+        let (inner, held) = (self.inner.clone(), self.held.clone());
+        held.fetch_add(1, Ordering::SeqCst);
+        std::thread::spawn(move || {
+            std::thread::sleep(delay);
+            held.fetch_sub(1, Ordering::SeqCst);
+            inner.submit(cmd, done);
+        });
+    }
+}
+
+/// A device the crash scenario can cut and restart.
+trait Cuttable: Send + Sync {
+    /// The device the log runs on: the cuttable one behind a [`SlowFlush`].
+    fn slow(&self) -> &Arc<SlowFlush>;
+    fn cut(&self);
+    fn restart(&self);
+
+    fn device(&self) -> Arc<dyn Device> {
+        self.slow().clone()
+    }
+}
+
+struct Sim(Arc<SimDevice>, Arc<SlowFlush>);
+
+impl Cuttable for Sim {
+    fn slow(&self) -> &Arc<SlowFlush> {
+        &self.1
+    }
+    fn cut(&self) {
+        self.0.power_cut().unwrap();
+    }
+    fn restart(&self) {
+        self.0.restart();
+    }
+}
+
+struct Faulty(Arc<FaultyDevice>, Arc<SlowFlush>);
+
+impl Cuttable for Faulty {
+    fn slow(&self) -> &Arc<SlowFlush> {
+        &self.1
+    }
+    fn cut(&self) {
+        self.0.power_cut().unwrap();
+    }
+    fn restart(&self) {
+        self.0.restart();
+    }
+}
+
+/// What the workload did before the cut.
+#[derive(Default)]
+struct History {
+    appended: BTreeMap<Lsn, Vec<u8>>,
+    /// Every record up to this one was acknowledged (`commit(last)` is Ok
+    /// only once everything up to `last` is durable).
+    acked_upto: Lsn,
+}
+
+/// Two appenders commit seeded records (1-3 per commit) and a checkpointer
+/// truncates behind them, until the power is cut after a seeded time of up
+/// to `cut_max_us`, for three seeds in four at a moment a batch is written
+/// but its flush is not done (the window a cut drops or tears it in).
+/// Returns the history and the highest truncation point started / done.
+fn crash_workload(
+    log: Arc<Log>,
+    dev: &dyn Cuttable,
+    seed: u64,
+    cut_max_us: u64,
+) -> (History, Lsn, Lsn) {
+    let history = Arc::new(Mutex::new(History::default()));
+    let (started, done) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let stop = Arc::new(AtomicBool::new(false));
+    let appenders: Vec<_> = (0..2u64)
+        .map(|t| {
+            let (log, history) = (log.clone(), history.clone());
+            std::thread::spawn(move || {
+                let mut rng = SmallRng::seed_from_u64(seed ^ ((t + 1) * 0x9E37));
+                'run: loop {
+                    let mut last = 0;
+                    for _ in 0..rng.gen_range(1..=3) {
+                        // Mostly a few sectors (a tear cuts through one),
+                        // sometimes several blocks.
+                        let len = match rng.gen_ratio(1, 8) {
+                            true => rng.gen_range(4000..=12_000),
+                            false => rng.gen_range(0..=3000),
+                        };
+                        let p: Vec<u8> = (0..len).map(|_| rng.gen()).collect();
+                        let Ok(lsn) = log.append(&p) else { break 'run };
+                        history.lock().appended.insert(lsn, p);
+                        last = lsn;
+                    }
+                    if log.commit(last).is_err() {
+                        break;
+                    }
+                    let mut h = history.lock();
+                    h.acked_upto = h.acked_upto.max(last);
+                }
+            })
+        })
+        .collect();
+    let checkpointer = {
+        let (log, started, done, stop) = (log.clone(), started.clone(), done.clone(), stop.clone());
+        std::thread::spawn(move || {
+            log.register_space_helper(context::current());
+            while !stop.load(Ordering::SeqCst) {
+                // Keeps the last ones live (a cut must not lose them) while
+                // the ring is at most half full, else drops everything
+                // durable. That cannot stall: the writer waits only when
+                // used > ring - 2 * batch_bytes_max (a batch and its wrap
+                // waste), an appender only when used > ring - pending max -
+                // a record, and with crash_cfg both are above half the ring.
+                let stats = log.stats();
+                let keep = match stats.used_bytes * 2 > stats.capacity_bytes {
+                    true => 0,
+                    false => CHECKPOINT_KEEP,
+                };
+                let upto = log.durable_lsn().saturating_sub(keep);
+                started.fetch_max(upto, Ordering::SeqCst);
+                if log.truncate(upto).is_err() {
+                    break;
+                }
+                done.fetch_max(upto, Ordering::SeqCst);
+                std::thread::sleep(Duration::from_micros(300));
+            }
+        })
+    };
+    let mut rng = SmallRng::seed_from_u64(seed);
+    std::thread::sleep(Duration::from_micros(rng.gen_range(0..cut_max_us)));
+    if rng.gen_ratio(3, 4) {
+        let held = &dev.slow().held;
+        wait_until("a flush is held", || held.load(Ordering::SeqCst) > 0);
+    }
+    dev.cut();
+    for a in appenders {
+        a.join().unwrap();
+    }
+    stop.store(true, Ordering::SeqCst);
+    checkpointer.join().unwrap();
+    let h = std::mem::take(&mut *history.lock());
+    (
+        h,
+        started.load(Ordering::SeqCst),
+        done.load(Ordering::SeqCst),
+    )
+}
+
+/// Every acknowledged record after the last truncation started is
+/// recovered, byte for byte; what is recovered is a run of consecutive
+/// appended records (nothing after a lost or torn one).
+fn check_recovery(h: &History, rec: &Recovery, started: Lsn, done: Lsn) -> Result<(), String> {
+    if let Tail::Corrupt { .. } = rec.tail {
+        return Err(format!("a power cut is never corruption: {:?}", rec.tail));
+    }
+    let head_max = started + 1;
+    if rec.head_lsn <= done || (rec.head_lsn > head_max && !rec.records.is_empty()) {
+        return Err(format!(
+            "head {} outside the truncations (done {done}, started {started})",
+            rec.head_lsn
+        ));
+    }
+    for (i, (lsn, bytes)) in rec.records.iter().enumerate() {
+        if *lsn != rec.head_lsn + i as u64 {
+            return Err(format!("LSN {lsn} at position {i}: not consecutive"));
+        }
+        match h.appended.get(lsn) {
+            Some(p) if p == bytes => {}
+            Some(_) => return Err(format!("record {lsn} recovered with other bytes")),
+            None => return Err(format!("record {lsn} recovered but never appended")),
+        }
+    }
+    let end = rec.head_lsn + rec.records.len() as u64;
+    if rec.next_lsn != end {
+        return Err(format!(
+            "next LSN {} after records ending at {end}",
+            rec.next_lsn
+        ));
+    }
+    // The acknowledged records after `started` must all be recovered.
+    let must = started + 1..=h.acked_upto;
+    let recovered = rec.head_lsn..end;
+    match must.is_empty() || (recovered.contains(must.start()) && recovered.contains(must.end())) {
+        true => Ok(()),
+        false => Err(format!(
+            "acknowledged records {must:?} not all recovered (recovered {recovered:?}, {:?})",
+            rec.tail
+        )),
+    }
+}
+
+/// Records the crash workload's checkpointer keeps behind the durable LSN.
+const CHECKPOINT_KEEP: u64 = 20;
+
+/// Seeds per device kind.
+const CRASH_SEEDS: u64 = 40;
+
+/// Whether all seeds run (then the torn-tail count is checked: about 10
+/// of the 120 cuts tear the last batch through a record).
+fn all_seeds() -> bool {
+    std::env::var("SEED").is_err()
+}
+
+fn crash_cfg() -> LogConfig {
+    // See the checkpointer in `crash_workload` for how these relate.
+    LogConfig {
+        region_offset_bytes: 16 * KIB,
+        region_bytes: 256 * KIB,
+        batch_bytes_max: 32 * KIB,
+        record_bytes_max: 12 * KIB,
+        pending_bytes_max: 64 * KIB,
+        allow_corrupt_truncate: false,
+    }
+}
+
+/// Aborts the process (a hang cannot fail a test otherwise) unless
+/// dropped within [`common::PATIENCE`].
+struct Watchdog(Option<mpsc::Sender<()>>);
+
+impl Watchdog {
+    fn arm(what: String) -> Watchdog {
+        let (tx, rx) = mpsc::channel::<()>();
+        std::thread::spawn(move || {
+            if let Err(mpsc::RecvTimeoutError::Timeout) = rx.recv_timeout(common::PATIENCE) {
+                eprintln!("{what}");
+                std::process::abort();
+            }
+        });
+        Watchdog(Some(tx))
+    }
+}
+
+impl Drop for Watchdog {
+    fn drop(&mut self) {
+        // Disconnecting the channel disarms it.
+        self.0.take();
+    }
+}
+
+/// Cuts per seed: each round runs the workload on the log the previous
+/// round recovered, on the same media (stale laps, torn bytes and records
+/// of earlier incarnations included).
+const CRASH_ROUNDS: u64 = 3;
+
+/// Runs the crash workload over the seeds (`SEED=n`: that one only);
+/// returns how many cuts left a torn tail.
+fn crash_scenario(what: &str, cut_max_us: u64, make: impl Fn(u64) -> Box<dyn Cuttable>) -> u32 {
+    let seeds: Vec<u64> = match std::env::var("SEED").ok().and_then(|s| s.parse().ok()) {
+        Some(seed) => vec![seed],
+        None => (1..=CRASH_SEEDS).collect(),
+    };
+    let cfg = crash_cfg();
+    let (mut acked, mut torn, mut laps) = (0, 0, 0);
+    for seed in seeds {
+        let _watchdog = Watchdog::arm(format!("{what}: hung; reproduce with SEED={seed}"));
+        let dev = make(seed);
+        let (mut log, _) = open(&dev.device(), &cfg);
+        // Records up to here were replayed and checkpointed.
+        let mut floor = 0;
+        for round in 0..CRASH_ROUNDS {
+            let fail = |e: String| -> ! {
+                panic!("{what}: round {round}: {e}; reproduce with SEED={seed}")
+            };
+            let shared = Arc::new(log);
+            let (h, started, done) =
+                crash_workload(shared.clone(), &*dev, seed * 16 + round, cut_max_us);
+            laps += shared.stats().bytes_written / (cfg.region_bytes - BLOCK);
+            drop(Arc::into_inner(shared).expect("the workload's threads are done"));
+            dev.restart();
+            let (l, rec) = try_open(&dev.device(), &cfg)
+                .unwrap_or_else(|e| fail(format!("reopen failed: {e}")));
+            if let Err(e) = check_recovery(&h, &rec, started.max(floor), done.max(floor)) {
+                fail(e);
+            }
+            acked += h.acked_upto.saturating_sub(started.max(floor));
+            torn += u32::from(matches!(rec.tail, Tail::Torn { .. }));
+            // As an engine does: replay, checkpoint (the ring may be full).
+            floor = rec.next_lsn - 1;
+            l.truncate(floor)
+                .unwrap_or_else(|e| fail(format!("checkpoint failed: {e}")));
+            log = l;
+        }
+        let next = log.append_commit(b"after the cuts");
+        assert_eq!(
+            next.ok(),
+            Some(floor + 1),
+            "{what}: reproduce with SEED={seed}"
+        );
+    }
+    eprintln!("{what}: {acked} acknowledged records checked, {torn} torn tails, {laps} ring laps");
+    assert!(
+        acked > 0,
+        "{what}: no record was acknowledged before the cuts"
+    );
+    torn
+}
+
+#[test]
+fn sim_ssd_power_cuts_lose_no_acknowledged_record() {
+    let torn = crash_scenario("sim-ssd", 60_000, |seed| {
+        let config = SimConfig {
+            speedup: 10.0,
+            torn_writes: seed % 4 != 0,
+            ..SimConfig::ssd(1 << 20, seed)
+        };
+        let sim = Arc::new(SimDevice::new(config).unwrap());
+        let dev = SlowFlush::new(sim.clone(), seed);
+        Box::new(Sim(sim, dev))
+    });
+    assert!(
+        !all_seeds() || torn >= 3,
+        "too few torn tails ({torn}) to test them"
+    );
+}
+
+#[test]
+fn faulty_power_cuts_lose_no_acknowledged_record() {
+    let torn = crash_scenario("faulty(mem)", 30_000, |seed| {
+        let faults = FaultConfig {
+            seed,
+            torn_writes: seed % 4 != 0,
+            ..FaultConfig::default()
+        };
+        let faulty = Arc::new(FaultyDevice::new(mem(1 << 20), faults).unwrap());
+        let dev = SlowFlush::new(faulty.clone(), seed);
+        Box::new(Faulty(faulty, dev))
+    });
+    assert!(
+        !all_seeds() || torn >= 3,
+        "too few torn tails ({torn}) to test them"
+    );
+}
+
+/// Runs `f` on a thread while releasing every command that reaches the
+/// gate.
+fn pumped<T: Send>(gate: &GateDevice, f: impl FnOnce() -> T + Send) -> T {
+    std::thread::scope(|s| {
+        let h = s.spawn(f);
+        while !h.is_finished() {
+            gate.release_all();
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        h.join().unwrap()
+    })
+}
+
+/// Paper 000's journaling case: a background commit keeps the log writer
+/// busy at the device; a foreground commit arrives; the writer inherits
+/// (it is the commit condvar's helper), so its next I/O is critical.
+#[test]
+fn a_foreground_commit_makes_the_busy_log_writer_critical() {
+    let gate = GateDevice::new(32);
+    let dev: Arc<dyn Device> = gate.clone();
+    let cfg = small_cfg();
+    let log = Arc::new(pumped(&gate, || open(&dev, &cfg).0));
+    let writer = log.writer_task().clone();
+    let critical_waits = || {
+        critio::metrics::global()
+            .wait_histogram(COMMIT_POINT, Class::Critical)
+            .count()
+    };
+    let waits_before = critical_waits();
+    let n0 = gate.arrivals().len();
+    let data = ring_offset(&cfg, 0);
+
+    let background = {
+        let log = log.clone();
+        std::thread::spawn(move || log.append_commit(b"background").unwrap())
+    };
+    gate.wait_arrivals(n0 + 1);
+    assert_eq!(gate.arrivals()[n0], (data, Class::NonCritical));
+    assert!(!writer.is_critical(), "a background commit does not boost");
+
+    let (tx, rx) = mpsc::channel();
+    let foreground = {
+        let log = log.clone();
+        std::thread::spawn(move || {
+            context::set_foreground();
+            tx.send(context::current()).unwrap();
+            log.append_commit(b"foreground").unwrap()
+        })
+    };
+    let fg = rx.recv().unwrap();
+    wait_blocked(&fg, BlockingStatus::Condvar { name: COMMIT_POINT });
+    wait_until("the log writer inherits", || writer.is_critical());
+    assert!(
+        matches!(writer.blocking_status(), Some(BlockingStatus::Io { .. })),
+        "the writer is blocked on its batch write: {:?}",
+        writer.blocking_status()
+    );
+    assert!(!writer.is_foreground());
+
+    // Release the background batch: its flush, then the foreground batch's
+    // write and flush are issued by a critical writer.
+    while !(foreground.is_finished() && background.is_finished()) {
+        gate.release_all();
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(background.join().unwrap(), 1);
+    assert_eq!(foreground.join().unwrap(), 2);
+    assert_eq!(
+        gate.arrivals()[n0 + 1..],
+        [
+            (0, Class::Critical),
+            (data + BLOCK, Class::Critical),
+            (0, Class::Critical)
+        ],
+        "the flush, write and flush of a critical writer"
+    );
+    wait_until("the writer is non-critical again", || !writer.is_critical());
+    assert!(
+        critical_waits() > waits_before,
+        "a critical commit wait was recorded"
+    );
+}
