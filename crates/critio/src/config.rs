@@ -21,6 +21,20 @@
 //! starvation_period_ms = 10
 //! noncritical_cap = { fixed = 1 }   # or { auto = {} }; fixed = 0: unlimited
 //! anticipation_us = 0
+//!
+//! [cache]
+//! capacity_bytes = 67108864
+//! dirty_limits = true      # separate limits per class (off: one shared limit)
+//! critical_dirty_pct = 20.0
+//! noncritical_dirty_pct = 1.0
+//!
+//! [log]
+//! region_offset_bytes = 0        # where the write-ahead log lives on the device
+//! region_bytes = 67108864        # 64 MiB: a header block and a ring of records
+//! batch_bytes_max = 1048576      # one group-commit write
+//! record_bytes_max = 262144
+//! pending_bytes_max = 4194304    # appenders wait beyond this
+//! allow_corrupt_truncate = false # open refuses a corrupt (not torn) tail
 //! ```
 
 use std::time::Duration;
@@ -28,6 +42,8 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::block::BlockConfig;
+use crate::cache::CacheConfig;
+use crate::log::LogConfig;
 use crate::sync::{SyncOptions, HELPER_WINDOW_DEFAULT};
 
 /// The whole stack's configuration.
@@ -40,6 +56,10 @@ pub struct Config {
     pub sync: SyncConfig,
     /// Admission, dispatch and the non-critical cap.
     pub block: BlockConfig,
+    /// The write-ahead log's region, batches and bounds.
+    pub log: LogConfig,
+    /// The page cache: size, dirty limits per class, writeback.
+    pub cache: CacheConfig,
 }
 
 /// The `context` section.
@@ -123,7 +143,9 @@ impl Config {
                 ),
             });
         }
-        self.block.validate()
+        self.block.validate()?;
+        self.log.validate()?;
+        self.cache.validate()
     }
 
     /// Parses and validates a TOML config.
@@ -158,6 +180,25 @@ mod tests {
             err.to_string().contains("block.starvation_period_ms"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn the_log_section_parses_and_is_validated() {
+        let text = "[log]\nregion_bytes = 2097152\nbatch_bytes_max = 524288\n";
+        let c = Config::from_toml_str(text).unwrap();
+        assert_eq!(
+            (c.log.region_bytes, c.log.batch_bytes_max),
+            (2 << 20, 512 << 10)
+        );
+        assert_eq!(
+            c.log.pending_bytes_max,
+            LogConfig::default().pending_bytes_max
+        );
+        assert!(!c.log.allow_corrupt_truncate);
+        let err = Config::from_toml_str("[log]\nregion_bytes = 1048576").unwrap_err();
+        assert!(err.to_string().contains("log.batch_bytes_max"), "{err}");
+        let err = Config::from_toml_str("[log]\nregion_byte = 1").unwrap_err();
+        assert!(err.to_string().contains("region_byte"), "{err}");
     }
 
     #[test]

@@ -20,9 +20,11 @@
 #![deny(unsafe_code)]
 
 pub mod block;
+pub mod cache;
 pub mod config;
 pub mod context;
 pub mod device;
+pub mod log;
 pub mod metrics;
 mod shim;
 pub mod sync;

@@ -16,17 +16,28 @@ pub struct Held {
     cmd: Option<(Command, Completer)>,
 }
 
+/// Which commands a gate holds (the rest pass straight through).
+pub type HoldIf = Box<dyn Fn(Op, u64) -> bool + Send + Sync>;
+
 /// Holds commands; executes them on a memory device when released.
 pub struct GateDevice {
     mem: MemDevice,
     info: DeviceInfo,
     held: Mutex<Vec<Held>>,
     arrived: Condvar,
+    hold_if: HoldIf,
 }
 
 impl GateDevice {
+    /// A 1 MiB gate that holds every command.
     pub fn new(queue_depth: u32) -> Arc<Self> {
-        let mem = MemDevice::new(1 << 20);
+        Self::with(queue_depth, 1 << 20, Box::new(|_, _| true))
+    }
+
+    /// A gate of `capacity` bytes that holds the commands `hold_if` selects
+    /// (by op and offset) and runs the others at once.
+    pub fn with(queue_depth: u32, capacity: u64, hold_if: HoldIf) -> Arc<Self> {
+        let mem = MemDevice::new(capacity);
         let info = DeviceInfo {
             name: "gate".into(),
             queue_depth,
@@ -37,6 +48,7 @@ impl GateDevice {
             info,
             held: Mutex::new(Vec::new()),
             arrived: Condvar::new(),
+            hold_if,
         })
     }
 
@@ -74,6 +86,14 @@ impl GateDevice {
         self.mem.submit(cmd.0, cmd.1);
     }
 
+    /// Whether a command at `offset` is held now (arrived, not released).
+    pub fn holds(&self, offset: u64) -> bool {
+        self.held
+            .lock()
+            .iter()
+            .any(|h| h.offset == offset && h.cmd.is_some())
+    }
+
     /// Completes every held command.
     pub fn release_all(&self) {
         let cmds: Vec<_> = self
@@ -94,6 +114,9 @@ impl Device for GateDevice {
     }
 
     fn submit(&self, cmd: Command, done: Completer) {
+        if !(self.hold_if)(cmd.op, cmd.offset) {
+            return self.mem.submit(cmd, done);
+        }
         let mut held = self.held.lock();
         held.push(Held {
             op: cmd.op,

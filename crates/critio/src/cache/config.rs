@@ -1,0 +1,139 @@
+//! The `cache` section of the config; defaults are paper 000's.
+
+use serde::{Deserialize, Serialize};
+
+use crate::config::ConfigError;
+
+/// The page cache's configuration.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct CacheConfig {
+    /// Memory for cached pages, in bytes. Default 64 MiB. At least 16 pages.
+    pub capacity_bytes: u64,
+    /// Page size in bytes: a power of two, 4096..=65536. Default 4096.
+    pub page_bytes: u32,
+    /// Separate dirty limits per class (paper 000, Section 4.3). Off: both
+    /// classes share one limit (`shared_dirty_pct`), as Linux does. Default:
+    /// on.
+    pub dirty_limits: bool,
+    /// Dirty pages of critical writers, in percent of the cache. Default 20.
+    pub critical_dirty_pct: f64,
+    /// Dirty pages of non-critical writers, in percent of the cache.
+    /// Default 1.
+    pub noncritical_dirty_pct: f64,
+    /// The one limit of both classes when `dirty_limits` is off, in percent.
+    /// Default 20.
+    pub shared_dirty_pct: f64,
+    /// Writeback starts when a class's dirty pages reach this percentage of
+    /// its limit. Default 50.
+    pub background_pct: f64,
+    /// Pages dirty this long are written back even below the thresholds,
+    /// in ms. Default 1000.
+    pub dirty_expire_ms: u64,
+    /// Most pages in one writeback write (contiguous pages of one file).
+    /// Default 32 (128 KiB with 4 KiB pages).
+    pub writeback_batch_pages: u32,
+    /// Most writeback writes in flight at once. Default 16.
+    pub writeback_inflight: u32,
+}
+
+impl Default for CacheConfig {
+    fn default() -> Self {
+        Self {
+            capacity_bytes: 64 << 20,
+            page_bytes: 4096,
+            dirty_limits: true,
+            critical_dirty_pct: 20.0,
+            noncritical_dirty_pct: 1.0,
+            shared_dirty_pct: 20.0,
+            background_pct: 50.0,
+            dirty_expire_ms: 1000,
+            writeback_batch_pages: 32,
+            writeback_inflight: 16,
+        }
+    }
+}
+
+fn invalid(field: &'static str, value: impl ToString, allowed: &str) -> ConfigError {
+    ConfigError::Invalid {
+        field,
+        value: value.to_string(),
+        allowed: allowed.to_owned(),
+    }
+}
+
+impl CacheConfig {
+    /// Checks every field; the error names the first bad one.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let p = self.page_bytes;
+        if !p.is_power_of_two() || !(4096..=65536).contains(&p) {
+            return Err(invalid(
+                "cache.page_bytes",
+                p,
+                "must be a power of two in 4096..=65536",
+            ));
+        }
+        if self.capacity_bytes < 16 * u64::from(p) {
+            return Err(invalid(
+                "cache.capacity_bytes",
+                self.capacity_bytes,
+                "must hold at least 16 pages",
+            ));
+        }
+        for (field, v) in [
+            ("cache.critical_dirty_pct", self.critical_dirty_pct),
+            ("cache.noncritical_dirty_pct", self.noncritical_dirty_pct),
+            ("cache.shared_dirty_pct", self.shared_dirty_pct),
+            ("cache.background_pct", self.background_pct),
+        ] {
+            if !(v > 0.0 && v <= 100.0) {
+                return Err(invalid(field, v, "must be a percentage in (0, 100]"));
+            }
+        }
+        if self.critical_dirty_pct + self.noncritical_dirty_pct > 100.0 {
+            return Err(invalid(
+                "cache.critical_dirty_pct",
+                self.critical_dirty_pct,
+                "plus noncritical_dirty_pct must not exceed 100",
+            ));
+        }
+        if self.writeback_batch_pages == 0 || self.writeback_inflight == 0 {
+            return Err(invalid(
+                "cache.writeback_batch_pages",
+                format!("{}/{}", self.writeback_batch_pages, self.writeback_inflight),
+                "batch pages and writeback_inflight must be at least 1",
+            ));
+        }
+        Ok(())
+    }
+
+    /// How many frames the cache has.
+    pub fn frames(&self) -> usize {
+        (self.capacity_bytes / u64::from(self.page_bytes)) as usize
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_validate_and_bad_fields_are_named() {
+        CacheConfig::default().validate().unwrap();
+        let e = CacheConfig {
+            page_bytes: 1000,
+            ..CacheConfig::default()
+        }
+        .validate()
+        .unwrap_err();
+        assert!(e.to_string().contains("cache.page_bytes"), "{e}");
+        let e = CacheConfig {
+            noncritical_dirty_pct: 0.0,
+            ..CacheConfig::default()
+        }
+        .validate()
+        .unwrap_err();
+        assert!(e.to_string().contains("noncritical_dirty_pct"), "{e}");
+        assert_eq!(CacheConfig::default().frames(), 16384);
+    }
+}

@@ -1,0 +1,565 @@
+//! The page cache: criticality-aware caching of files over the block layer
+//! (paper 000, Sections 2.1 and 4.3).
+//!
+//! ```text
+//!  read  ──hit──> copy out
+//!        └─miss─> frame (CLOCK) ──> sync read in the caller's class      "cache: page lock"
+//!  write ──> dirty limit of the writer's class? ──over──> throttle        "cache: dirty throttle"
+//!        └─> copy in; the page remembers its writer's class
+//!  writeback thread: oldest dirty pages, contiguous runs, async (non-critical)
+//!  flush_file(f): f's dirty pages only, in the caller's class, then a device flush
+//! ```
+//!
+//! Where a task waits for background I/O, critio makes that I/O critical:
+//!
+//! | a critical task needs...                    | it waits on                 | which resolves to                  |
+//! |---------------------------------------------|-----------------------------|------------------------------------|
+//! | a page another task is loading              | the load ("cache: page lock") | the loader inherits; its read is promoted |
+//! | a frame, and only pages under writeback remain | the writeback run ("cache: writeback wait") | the writeback is promoted     |
+//! | to flush a file with a page under writeback  | the same run                | the same                           |
+//! | to dirty a page, over its class's limit      | throttling (an admission stage) | woken to retry with the critical limit |
+//!
+//! Writeback writes a *copy* of each page, so readers never wait for it and
+//! writers re-dirty freely; only a second write of the same page waits for
+//! the first (writes to one place stay ordered).
+//!
+//! What each class gets: critical writers may dirty up to 20% of the cache,
+//! non-critical ones 1% (defaults), so a background task writing a large
+//! file cannot fill the cache and make a foreground writer wait for
+//! background writeback; and a flush of one file never waits for another
+//! file's dirty pages.
+
+mod config;
+mod core;
+mod pending;
+mod throttle;
+mod writeback;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use parking_lot::{Condvar, Mutex, RwLock};
+use serde::Serialize;
+
+pub use config::CacheConfig;
+pub use throttle::THROTTLE_POINT;
+
+use self::core::{Alloc, Frames, PageKey, State};
+use self::pending::PendingIo;
+use self::throttle::Throttle;
+use crate::block::{BlockError, BlockLayer};
+use crate::config::{ConfigError, SyncConfig};
+use crate::context::{self, Class};
+use crate::device::{AlignedBuf, Op};
+use crate::sync::SyncOptions;
+use crate::time::Clock;
+
+/// A file's id in one cache.
+pub type FileId = u32;
+
+/// The wait point of waiting for another task's load of a page.
+pub const PAGE_LOCK_POINT: &str = "cache: page lock";
+/// The wait point of waiting for a page's writeback.
+pub const WRITEBACK_POINT: &str = "cache: writeback wait";
+/// The wait point of a page read on a miss.
+pub const READ_POINT: &str = "cache: read";
+
+/// Why a cache operation failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CacheError {
+    /// The I/O below failed.
+    #[error("cache: {0}")]
+    Block(#[from] BlockError),
+    /// The range is outside the file.
+    #[error("cache: {len} bytes at offset {offset} are outside file {file} ({size} bytes)")]
+    OutOfRange {
+        /// The file.
+        file: FileId,
+        /// The requested offset.
+        offset: u64,
+        /// The requested length.
+        len: u64,
+        /// The file's size.
+        size: u64,
+    },
+    /// A file cannot be placed there.
+    #[error("cache: cannot add file `{name}`: {why}")]
+    BadFile {
+        /// The file's name.
+        name: String,
+        /// Why, in plain words.
+        why: String,
+    },
+}
+
+#[derive(Clone, Debug)]
+struct FileInfo {
+    name: String,
+    base: u64,
+    len: u64,
+}
+
+pub(crate) struct Core {
+    frames: Frames,
+    shutdown: bool,
+    kicked: bool,
+}
+
+#[derive(Default)]
+struct Counters {
+    hits: AtomicU64,
+    misses: AtomicU64,
+    throttled: AtomicU64,
+    reclaims: AtomicU64,
+    writeback_pages: AtomicU64,
+    writeback_errors: AtomicU64,
+}
+
+pub(crate) struct Inner {
+    block: Arc<BlockLayer>,
+    cfg: CacheConfig,
+    page: usize,
+    sync: SyncOptions,
+    clock: Clock,
+    core: Mutex<Core>,
+    wb_cv: Condvar,
+    files: RwLock<Vec<FileInfo>>,
+    throttle: Arc<Throttle>,
+    counters: Counters,
+}
+
+/// A page cache over one block layer. Dropping it stops its writeback
+/// thread; call [`PageCache::flush_all`] first to keep dirty data.
+pub struct PageCache {
+    inner: Arc<Inner>,
+    writeback: Option<JoinHandle<()>>,
+}
+
+/// A snapshot of the cache's counters.
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct CacheStats {
+    /// Reads and writes that found their page cached.
+    pub hits: u64,
+    /// Pages loaded on a miss.
+    pub misses: u64,
+    /// Writes that waited in dirty throttling.
+    pub throttled: u64,
+    /// Dirty pages written back by a task that needed a frame.
+    pub reclaims: u64,
+    /// Pages written back (by the writeback thread and by flushes).
+    pub writeback_pages: u64,
+    /// Writeback writes that failed (the pages stay dirty).
+    pub writeback_errors: u64,
+    /// Dirty pages of critical writers now.
+    pub dirty_critical: usize,
+    /// Dirty pages of non-critical writers now.
+    pub dirty_noncritical: usize,
+    /// Frames.
+    pub frames: usize,
+}
+
+impl PageCache {
+    /// A cache of `cfg.capacity_bytes` over `block`, with its writeback
+    /// thread. `sync` decides whether waits on pending I/O pass
+    /// criticality on (inheritance off gives the "classes without
+    /// inheritance" scheme).
+    pub fn new(
+        block: Arc<BlockLayer>,
+        cfg: CacheConfig,
+        sync: &SyncConfig,
+    ) -> Result<Self, ConfigError> {
+        cfg.validate()?;
+        let page = cfg.page_bytes as usize;
+        let inner = Arc::new(Inner {
+            block,
+            cfg,
+            page,
+            sync: sync.options("cache"),
+            clock: Clock::new(),
+            core: Mutex::new(Core {
+                frames: Frames::new(cfg.frames(), page),
+                shutdown: false,
+                kicked: false,
+            }),
+            wb_cv: Condvar::new(),
+            files: RwLock::new(Vec::new()),
+            throttle: Arc::new(Throttle::default()),
+            counters: Counters::default(),
+        });
+        let writeback = {
+            let inner = inner.clone();
+            std::thread::Builder::new()
+                .name("critio-writeback".into())
+                .spawn(move || inner.writeback_loop())
+                .expect("cannot spawn the writeback thread")
+        };
+        Ok(Self {
+            inner,
+            writeback: Some(writeback),
+        })
+    }
+
+    /// Places a file of `len` bytes at device offset `base` (both multiples
+    /// of the page size, inside the device, not overlapping another file).
+    pub fn add_file(&self, name: &str, base: u64, len: u64) -> Result<FileId, CacheError> {
+        let page = self.inner.page as u64;
+        let bad = |why: String| CacheError::BadFile {
+            name: name.to_owned(),
+            why,
+        };
+        if base % page != 0 || len % page != 0 || len == 0 {
+            return Err(bad(format!(
+                "base {base} and length {len} must be positive multiples of {page}"
+            )));
+        }
+        let capacity = self.inner.block.device().info().capacity;
+        if base.checked_add(len).is_none_or(|end| end > capacity) {
+            return Err(bad(format!(
+                "[{base}, {base}+{len}) is past the device end ({capacity})"
+            )));
+        }
+        let mut files = self.inner.files.write();
+        if let Some(f) = files
+            .iter()
+            .find(|f| base < f.base + f.len && f.base < base + len)
+        {
+            return Err(bad(format!("it overlaps file `{}`", f.name)));
+        }
+        files.push(FileInfo {
+            name: name.to_owned(),
+            base,
+            len,
+        });
+        Ok((files.len() - 1) as FileId)
+    }
+
+    /// A file's size in bytes.
+    pub fn file_len(&self, file: FileId) -> u64 {
+        self.inner.file(file).len
+    }
+
+    /// Reads `out.len()` bytes at `offset` of `file`.
+    pub fn read(&self, file: FileId, offset: u64, out: &mut [u8]) -> Result<(), CacheError> {
+        let mut done = 0;
+        for (key, in_page, n) in self.inner.pages(file, offset, out.len())? {
+            let dst = &mut out[done..done + n];
+            self.inner.access(key, false, |core, i| {
+                dst.copy_from_slice(&core.frames.frame(i).data[in_page..in_page + n]);
+                core.frames.touch(i);
+                Some(())
+            })?;
+            done += n;
+        }
+        Ok(())
+    }
+
+    /// Writes `data` at `offset` of `file` (into the cache; durable after a
+    /// flush). May wait in dirty throttling.
+    pub fn write(&self, file: FileId, offset: u64, data: &[u8]) -> Result<(), CacheError> {
+        let mut done = 0;
+        for (key, in_page, n) in self.inner.pages(file, offset, data.len())? {
+            let src = &data[done..done + n];
+            let full = n == self.inner.page;
+            self.inner.access(key, full, |core, i| {
+                self.inner.write_page(core, i, in_page, src)
+            })?;
+            done += n;
+        }
+        Ok(())
+    }
+
+    /// Makes every write to `file` so far durable: writes its dirty pages in
+    /// the caller's class, waits for its pages under writeback (promoting
+    /// them if the caller is critical), then flushes the device. Other
+    /// files' dirty pages are not touched.
+    pub fn flush_file(&self, file: FileId) -> Result<(), CacheError> {
+        self.inner.flush_file(file)?;
+        Ok(self.inner.block.flush()?)
+    }
+
+    /// Makes every write to every file so far durable.
+    pub fn flush_all(&self) -> Result<(), CacheError> {
+        let files = self.inner.core.lock().frames.files_with_unflushed();
+        for f in files {
+            self.inner.flush_file(f)?;
+        }
+        Ok(self.inner.block.flush()?)
+    }
+
+    /// Drops every clean page (a cold cache, for tests and experiments).
+    pub fn drop_clean(&self) -> usize {
+        self.inner.core.lock().frames.drop_clean()
+    }
+
+    /// The counters.
+    pub fn stats(&self) -> CacheStats {
+        let c = &self.inner.counters;
+        let core = self.inner.core.lock();
+        CacheStats {
+            hits: c.hits.load(Ordering::Relaxed),
+            misses: c.misses.load(Ordering::Relaxed),
+            throttled: c.throttled.load(Ordering::Relaxed),
+            reclaims: c.reclaims.load(Ordering::Relaxed),
+            writeback_pages: c.writeback_pages.load(Ordering::Relaxed),
+            writeback_errors: c.writeback_errors.load(Ordering::Relaxed),
+            dirty_critical: core.frames.dirty(Class::Critical),
+            dirty_noncritical: core.frames.dirty(Class::NonCritical),
+            frames: core.frames.len(),
+        }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &CacheConfig {
+        &self.inner.cfg
+    }
+
+    /// The block layer below.
+    pub fn block(&self) -> &Arc<BlockLayer> {
+        &self.inner.block
+    }
+}
+
+impl Drop for PageCache {
+    fn drop(&mut self) {
+        self.inner.core.lock().shutdown = true;
+        self.inner.wb_cv.notify_all();
+        if let Some(t) = self.writeback.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// What a caller must do before retrying an access.
+enum Act {
+    Wait(Arc<PendingIo>),
+    Load(usize, Arc<PendingIo>),
+    Reclaim(usize),
+    Throttle,
+}
+
+impl Inner {
+    fn file(&self, file: FileId) -> FileInfo {
+        self.files
+            .read()
+            .get(file as usize)
+            .cloned()
+            .unwrap_or_else(|| panic!("unknown cache file {file}"))
+    }
+
+    /// The pages covering `[offset, offset+len)` of `file`: (page, offset in
+    /// page, bytes).
+    fn pages(
+        &self,
+        file: FileId,
+        offset: u64,
+        len: usize,
+    ) -> Result<Vec<(PageKey, usize, usize)>, CacheError> {
+        let info = self.file(file);
+        let end = offset.checked_add(len as u64);
+        if end.is_none_or(|e| e > info.len) {
+            return Err(CacheError::OutOfRange {
+                file,
+                offset,
+                len: len as u64,
+                size: info.len,
+            });
+        }
+        let page = self.page as u64;
+        let mut v = Vec::new();
+        let mut at = offset;
+        let end = offset + len as u64;
+        while at < end {
+            let in_page = (at % page) as usize;
+            let n = ((page - at % page).min(end - at)) as usize;
+            v.push((
+                PageKey {
+                    file,
+                    page: at / page,
+                },
+                in_page,
+                n,
+            ));
+            at += n as u64;
+        }
+        Ok(v)
+    }
+
+    fn device_offset(&self, key: PageKey) -> u64 {
+        self.file(key.file).base + key.page * self.page as u64
+    }
+
+    /// Runs `f` on the page's frame once it is loaded (or, for a full-page
+    /// write, just allocated); `f` returns None to ask for throttling.
+    fn access<R>(
+        &self,
+        key: PageKey,
+        full_write: bool,
+        mut f: impl FnMut(&mut Core, usize) -> Option<R>,
+    ) -> Result<R, CacheError> {
+        loop {
+            let act = {
+                let mut core = self.core.lock();
+                match core.frames.lookup(key) {
+                    Some(i) => match &core.frames.frame(i).state {
+                        State::Loading(p) => Act::Wait(p.clone()),
+                        _ => {
+                            self.counters.hits.fetch_add(1, Ordering::Relaxed);
+                            match f(&mut core, i) {
+                                Some(r) => return Ok(r),
+                                None => Act::Throttle,
+                            }
+                        }
+                    },
+                    None => match core.frames.alloc(key) {
+                        Alloc::Frame(i) if full_write => match f(&mut core, i) {
+                            Some(r) => return Ok(r),
+                            None => {
+                                core.frames.release(i);
+                                Act::Throttle
+                            }
+                        },
+                        Alloc::Frame(i) => {
+                            let p = PendingIo::new(PAGE_LOCK_POINT, context::current(), &self.sync);
+                            core.frames.frame_mut(i).state = State::Loading(p.clone());
+                            Act::Load(i, p)
+                        }
+                        Alloc::Wait(p) => Act::Wait(p),
+                        Alloc::Reclaim(i) => Act::Reclaim(i),
+                    },
+                }
+            };
+            match act {
+                // A failed I/O shows in the page's state on the retry.
+                Act::Wait(p) => drop(p.wait()),
+                Act::Load(i, p) => self.load(key, i, &p)?,
+                Act::Reclaim(i) => self.reclaim(i)?,
+                Act::Throttle => self.throttle_wait(),
+            }
+        }
+    }
+
+    /// Copies `src` into the page at `in_page`, unless the writer's class is
+    /// over its dirty limit and the page would become dirty.
+    fn write_page(&self, core: &mut Core, i: usize, in_page: usize, src: &[u8]) -> Option<()> {
+        let class = context::current_class();
+        let would_dirty = matches!(core.frames.frame(i).state, State::Clean | State::Free);
+        if would_dirty && !self.may_dirty(&core.frames, class) {
+            self.counters.throttled.fetch_add(1, Ordering::Relaxed);
+            return None;
+        }
+        core.frames.frame_mut(i).data[in_page..in_page + src.len()].copy_from_slice(src);
+        core.frames.mark_written(i, class, self.clock.now());
+        if self.should_write_back(&core.frames) {
+            core.kicked = true;
+            self.wb_cv.notify_one();
+        }
+        Some(())
+    }
+
+    fn limit(&self, pct: f64) -> usize {
+        ((self.cfg.frames() as f64 * pct / 100.0) as usize).max(1)
+    }
+
+    /// Whether a writer of `class` may dirty one more page.
+    fn may_dirty(&self, frames: &Frames, class: Class) -> bool {
+        if !self.cfg.dirty_limits {
+            return frames.dirty_total() < self.limit(self.cfg.shared_dirty_pct);
+        }
+        let pct = match class {
+            Class::Critical => self.cfg.critical_dirty_pct,
+            Class::NonCritical => self.cfg.noncritical_dirty_pct,
+        };
+        frames.dirty(class) < self.limit(pct)
+    }
+
+    fn throttle_wait(&self) {
+        let allowed = || {
+            let core = self.core.lock();
+            self.may_dirty(&core.frames, context::current_class())
+        };
+        let kick = || {
+            self.core.lock().kicked = true;
+            self.wb_cv.notify_one();
+        };
+        self.throttle.wait(allowed, kick);
+    }
+
+    /// Reads a missing page in the caller's class.
+    fn load(&self, key: PageKey, i: usize, p: &Arc<PendingIo>) -> Result<(), CacheError> {
+        self.counters.misses.fetch_add(1, Ordering::Relaxed);
+        let buf = AlignedBuf::zeroed(self.page);
+        let submitted = self
+            .block
+            .submit(Op::Read, self.device_offset(key), buf, true, READ_POINT);
+        let result = submitted.and_then(|h| {
+            p.issued(h.clone());
+            h.wait_buf()
+        });
+        let mut core = self.core.lock();
+        match result {
+            Ok(buf) => {
+                let f = core.frames.frame_mut(i);
+                f.data.copy_from_slice(buf.as_slice());
+                f.state = State::Clean;
+                Ok(())
+            }
+            Err(e) => {
+                core.frames.release(i);
+                drop(core);
+                p.abandoned();
+                Err(e.into())
+            }
+        }
+    }
+
+    /// Writes back dirty page `i` in the caller's class, so its frame can be
+    /// reused (direct reclaim).
+    fn reclaim(&self, i: usize) -> Result<(), CacheError> {
+        self.counters.reclaims.fetch_add(1, Ordering::Relaxed);
+        let run = {
+            let mut core = self.core.lock();
+            if !matches!(core.frames.frame(i).state, State::Dirty) {
+                return Ok(()); // someone else cleaned it
+            }
+            self.begin_run(&mut core, &[i])
+        };
+        self.finish_runs(vec![self.submit_run(run, true)])
+    }
+
+    /// Writes the dirty pages of `file` (those dirty now) and waits for its
+    /// pages under writeback, in the caller's class.
+    fn flush_file(&self, file: FileId) -> Result<(), CacheError> {
+        let targets = self.core.lock().frames.unflushed_of(file);
+        loop {
+            let (runs, waits) = {
+                let mut core = self.core.lock();
+                let (mut dirty, mut waits) = (Vec::new(), Vec::new());
+                for &(key, seq) in &targets {
+                    let Some(i) = core.frames.lookup(key) else {
+                        continue;
+                    };
+                    let f = core.frames.frame(i);
+                    if f.written_seq >= seq {
+                        continue;
+                    }
+                    match &f.state {
+                        State::Dirty => dirty.push(i),
+                        State::Writeback { io, .. } => waits.push(io.clone()),
+                        _ => {}
+                    }
+                }
+                (self.plan_runs(&mut core, dirty), waits)
+            };
+            if runs.is_empty() && waits.is_empty() {
+                return Ok(());
+            }
+            let submitted = runs.into_iter().map(|r| self.submit_run(r, true)).collect();
+            self.finish_runs(submitted)?;
+            for p in waits {
+                p.wait()?;
+            }
+        }
+    }
+}

@@ -1,0 +1,73 @@
+//! Dirty throttling: a writer whose class has too many dirty pages waits
+//! here until writeback cleans some (paper 000, Section 4.3).
+//!
+//! It is an admission stage in the RCP sense: a throttled background writer
+//! that inherits criticality while it waits (because a critical task waits
+//! for a lock it holds) is woken at once and re-checked against the critical
+//! limit, so it can finish its critical section instead of waiting for
+//! writeback of background data (paper 000, Section 4.4).
+
+use std::time::Duration;
+
+use parking_lot::Mutex;
+
+use crate::context::{self, Blocker, BlockingStatus, InheritKind, TaskRef, WaitScope};
+use crate::metrics;
+use crate::shim::thread;
+
+/// The wait point of dirty throttling.
+pub const THROTTLE_POINT: &str = "cache: dirty throttle";
+
+/// How often a throttled writer re-checks on its own (a safety net: it is
+/// normally woken by writeback or by turning critical).
+const RECHECK: Duration = Duration::from_millis(50);
+
+/// The writers waiting in dirty throttling.
+#[derive(Default)]
+pub(crate) struct Throttle {
+    waiters: Mutex<Vec<TaskRef>>,
+}
+
+impl Blocker for Throttle {
+    fn resolve(&self, waiter: &TaskRef, _flipped: &mut Vec<TaskRef>) {
+        if waiter.is_critical() {
+            metrics::global().count_resolution(InheritKind::Admission);
+            waiter.unpark(); // re-check against the critical limit
+        }
+    }
+}
+
+impl Throttle {
+    /// Blocks the current task until `allowed()` (checked with the task's
+    /// class at that moment) holds; `kick` asks writeback to run.
+    pub(crate) fn wait(
+        self: &std::sync::Arc<Self>,
+        mut allowed: impl FnMut() -> bool,
+        kick: impl Fn(),
+    ) {
+        let status = BlockingStatus::Admission {
+            stage: THROTTLE_POINT,
+        };
+        let scope = WaitScope::enter(status, self.clone());
+        let me = context::current();
+        self.waiters.lock().push(me.clone());
+        while !allowed() {
+            kick();
+            thread::park_timeout(RECHECK);
+        }
+        self.waiters.lock().retain(|t| t.id() != me.id());
+        drop(scope);
+    }
+
+    /// Whether anyone is throttled.
+    pub(crate) fn has_waiters(&self) -> bool {
+        !self.waiters.lock().is_empty()
+    }
+
+    /// Wakes every throttled writer to re-check.
+    pub(crate) fn wake_all(&self) {
+        for t in self.waiters.lock().iter() {
+            t.unpark();
+        }
+    }
+}

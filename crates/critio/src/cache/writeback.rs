@@ -1,0 +1,205 @@
+//! Writeback: writing copies of dirty pages, in runs of contiguous pages.
+//!
+//! The writeback thread writes the oldest dirty pages asynchronously (so
+//! non-critical, whatever its own class) when a class nears its dirty
+//! limit, a writer is throttled, or a page has been dirty for
+//! `dirty_expire_ms`. Flushes and direct reclaim use the same runs, written
+//! synchronously in the caller's class.
+//!
+//! ```text
+//!  oldest dirty pages ──sort by page──> runs of <= writeback_batch_pages
+//!     each run: one PendingIo (helper: the submitter), pages -> Writeback
+//!     submit (may wait for an admission slot) -> wait -> pages Clean (or
+//!     Dirty again if written meanwhile, or on error)
+//! ```
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::core::PageKey;
+use super::pending::PendingIo;
+use super::{CacheError, Core, Inner, WRITEBACK_POINT};
+use crate::block::{BlockError, IoHandle};
+use crate::context::{self, Class};
+use crate::device::{AlignedBuf, Op};
+use crate::time::MS;
+
+/// How long the writeback thread sleeps between checks when idle.
+const IDLE_CHECK: Duration = Duration::from_millis(100);
+/// How long it backs off after a failed write.
+const ERROR_BACKOFF: Duration = Duration::from_millis(20);
+
+/// A run being written: its pages (frame, write sequence copied) and the
+/// shared pending I/O.
+pub(crate) struct Run {
+    pages: Vec<(usize, u64)>,
+    offset: u64,
+    buf: AlignedBuf,
+    pending: Arc<PendingIo>,
+}
+
+/// A submitted run.
+pub(crate) struct Submitted {
+    pages: Vec<(usize, u64)>,
+    io: Result<IoHandle, BlockError>,
+}
+
+impl Inner {
+    /// Starts writeback of `frames` (dirty, contiguous pages of one file,
+    /// in order): copies them into one buffer and marks them under
+    /// writeback.
+    pub(crate) fn begin_run(&self, core: &mut Core, frames: &[usize]) -> Run {
+        assert!(!frames.is_empty());
+        let first = core
+            .frames
+            .frame(frames[0])
+            .key
+            .expect("dirty page has a key");
+        let pending = PendingIo::new(WRITEBACK_POINT, context::current(), &self.sync);
+        let mut buf = AlignedBuf::zeroed(frames.len() * self.page);
+        let mut pages = Vec::with_capacity(frames.len());
+        for (n, &i) in frames.iter().enumerate() {
+            let dst = &mut buf.as_mut_slice()[n * self.page..(n + 1) * self.page];
+            dst.copy_from_slice(&core.frames.frame(i).data);
+            let seq = core.frames.begin_writeback(i, pending.clone());
+            pages.push((i, seq));
+        }
+        Run {
+            pages,
+            offset: self.device_offset(first),
+            buf,
+            pending,
+        }
+    }
+
+    /// Splits dirty `frames` into runs of contiguous pages and starts them.
+    pub(crate) fn plan_runs(&self, core: &mut Core, frames: Vec<usize>) -> Vec<Run> {
+        let mut keyed: Vec<(PageKey, usize)> = frames
+            .into_iter()
+            .map(|i| (core.frames.frame(i).key.expect("dirty page has a key"), i))
+            .collect();
+        keyed.sort_unstable();
+        let batch = self.cfg.writeback_batch_pages as usize;
+        let mut runs = Vec::new();
+        let mut current: Vec<usize> = Vec::new();
+        let mut last: Option<PageKey> = None;
+        for (key, i) in keyed {
+            let follows = last.is_some_and(|l| l.file == key.file && l.page + 1 == key.page);
+            if !current.is_empty() && (!follows || current.len() == batch) {
+                runs.push(self.begin_run(core, &current));
+                current.clear();
+            }
+            current.push(i);
+            last = Some(key);
+        }
+        if !current.is_empty() {
+            runs.push(self.begin_run(core, &current));
+        }
+        runs
+    }
+
+    /// Submits a run: synchronously in the caller's class (`sync`), or
+    /// asynchronously (non-critical).
+    pub(crate) fn submit_run(&self, run: Run, sync: bool) -> Submitted {
+        let io = self
+            .block
+            .submit(Op::Write, run.offset, run.buf, sync, WRITEBACK_POINT);
+        match &io {
+            Ok(h) => run.pending.issued(h.clone()),
+            Err(_) => run.pending.abandoned(),
+        }
+        Submitted {
+            pages: run.pages,
+            io,
+        }
+    }
+
+    /// Waits for submitted runs and ends their pages' writeback. Returns the
+    /// first error (its pages stay dirty).
+    pub(crate) fn finish_runs(&self, runs: Vec<Submitted>) -> Result<(), CacheError> {
+        let mut first_err = None;
+        for run in runs {
+            let result = run.io.and_then(|h| h.wait());
+            let ok = result.is_ok();
+            {
+                let mut core = self.core.lock();
+                for &(i, seq) in &run.pages {
+                    core.frames.end_writeback(i, seq, ok);
+                }
+                #[cfg(debug_assertions)]
+                core.frames.check_invariants();
+            }
+            let c = &self.counters;
+            if ok {
+                c.writeback_pages
+                    .fetch_add(run.pages.len() as u64, Ordering::Relaxed);
+            } else {
+                c.writeback_errors.fetch_add(1, Ordering::Relaxed);
+            }
+            if let Err(e) = result {
+                first_err.get_or_insert(e);
+            }
+        }
+        self.throttle.wake_all();
+        first_err.map_or(Ok(()), |e| Err(e.into()))
+    }
+
+    /// The dirty pages at which a class's writeback starts.
+    fn background(&self, pct: f64) -> usize {
+        (self.limit(pct) as f64 * self.cfg.background_pct / 100.0).max(1.0) as usize
+    }
+
+    /// Whether the writeback thread has work: a throttled writer, a class
+    /// near its limit, or an expired dirty page.
+    pub(crate) fn should_write_back(&self, frames: &super::core::Frames) -> bool {
+        if self.throttle.has_waiters() {
+            return true;
+        }
+        let near = if self.cfg.dirty_limits {
+            frames.dirty(Class::Critical) >= self.background(self.cfg.critical_dirty_pct)
+                || frames.dirty(Class::NonCritical)
+                    >= self.background(self.cfg.noncritical_dirty_pct)
+        } else {
+            frames.dirty_total() >= self.background(self.cfg.shared_dirty_pct)
+        };
+        let expire = self.cfg.dirty_expire_ms * MS;
+        near || frames
+            .oldest_dirty_at()
+            .is_some_and(|t| self.clock.now().saturating_sub(t) >= expire)
+    }
+
+    /// The writeback thread's body.
+    pub(crate) fn writeback_loop(self: Arc<Self>) {
+        let most = (self.cfg.writeback_batch_pages * self.cfg.writeback_inflight) as usize;
+        loop {
+            let runs = {
+                let mut core = self.core.lock();
+                loop {
+                    if core.shutdown {
+                        return;
+                    }
+                    if core.kicked || self.should_write_back(&core.frames) {
+                        break;
+                    }
+                    self.wb_cv.wait_for(&mut core, IDLE_CHECK);
+                }
+                core.kicked = false;
+                let pick = core.frames.oldest_dirty(most);
+                self.plan_runs(&mut core, pick)
+            };
+            if runs.is_empty() {
+                // Everything dirty is under writeback already: wait a bit.
+                std::thread::sleep(Duration::from_millis(1));
+                continue;
+            }
+            let submitted = runs
+                .into_iter()
+                .map(|r| self.submit_run(r, false))
+                .collect();
+            if self.finish_runs(submitted).is_err() {
+                std::thread::sleep(ERROR_BACKOFF);
+            }
+        }
+    }
+}

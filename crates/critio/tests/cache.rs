@@ -1,0 +1,409 @@
+//! Scenario tests of the page cache: dirty limits per class, promotion of
+//! writeback a foreground task needs, flushes that do not entangle files,
+//! and a property test against a model.
+
+mod common;
+
+use std::sync::mpsc::channel;
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::gate::GateDevice;
+use common::{wait_blocked, wait_until};
+use critio::block::{BlockConfig, BlockLayer};
+use critio::cache::{CacheConfig, PageCache};
+use critio::config::SyncConfig;
+use critio::context::{self, BlockingStatus, Class};
+use critio::device::mem::MemDevice;
+use critio::device::{Device, Op};
+use proptest::prelude::*;
+
+const PAGE: usize = 4096;
+const MIB: u64 = 1 << 20;
+
+fn cache_over(dev: Arc<dyn Device>, cfg: CacheConfig) -> Arc<PageCache> {
+    let block = Arc::new(BlockLayer::new(dev, BlockConfig::default()).unwrap());
+    Arc::new(PageCache::new(block, cfg, &SyncConfig::default()).unwrap())
+}
+
+fn page(n: u8) -> Vec<u8> {
+    vec![n; PAGE]
+}
+
+/// Drops the (last handle of the) cache while releasing every write the
+/// gate holds, so its writeback thread can finish and exit.
+fn drop_releasing(cache: Arc<PageCache>, dev: &Arc<GateDevice>) {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    assert_eq!(Arc::strong_count(&cache), 1, "other handles still alive");
+    let stop = Arc::new(AtomicBool::new(false));
+    let releaser = std::thread::spawn({
+        let (dev, stop) = (dev.clone(), stop.clone());
+        move || {
+            while !stop.load(Ordering::Relaxed) {
+                dev.release_all();
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+    });
+    drop(cache);
+    stop.store(true, Ordering::Relaxed);
+    releaser.join().unwrap();
+}
+
+/// A background task dirties pages as fast as it can while writeback
+/// cannot make progress (the device holds every write); then a foreground
+/// task writes a few pages. Returns whether the foreground writes finished
+/// while the background task was throttled.
+fn foreground_write_under_background_burst(dirty_limits: bool) -> bool {
+    let dev = GateDevice::with(32, 8 * MIB, Box::new(|op, _| op == Op::Write));
+    let cfg = CacheConfig {
+        capacity_bytes: MIB, // 256 pages: 2 non-critical, 51 critical, 51 shared
+        dirty_limits,
+        ..CacheConfig::default()
+    };
+    let cache = cache_over(dev.clone(), cfg);
+    let bg_file = cache.add_file("background", 0, 4 * MIB).unwrap();
+    let fg_file = cache.add_file("foreground", 4 * MIB, MIB).unwrap();
+    let (tx, rx) = channel();
+    let bg = {
+        let cache = cache.clone();
+        std::thread::spawn(move || {
+            tx.send(context::current()).unwrap();
+            for p in 0..200u64 {
+                cache.write(bg_file, p * PAGE as u64, &page(1)).unwrap();
+            }
+        })
+    };
+    let bg_task = rx.recv().unwrap();
+    wait_blocked(
+        &bg_task,
+        BlockingStatus::Admission {
+            stage: "cache: dirty throttle",
+        },
+    );
+    let (tx, rx) = channel();
+    let (task_tx, task_rx) = channel();
+    let fg = {
+        let cache = cache.clone();
+        std::thread::spawn(move || {
+            context::set_foreground();
+            task_tx.send(context::current()).unwrap();
+            for p in 0..8u64 {
+                cache.write(fg_file, p * PAGE as u64, &page(2)).unwrap();
+            }
+            tx.send(()).unwrap();
+        })
+    };
+    let fg_task = task_rx.recv().unwrap();
+    let finished = rx.recv_timeout(Duration::from_millis(500)).is_ok();
+    if !finished {
+        assert_eq!(
+            fg_task.blocking_status(),
+            Some(BlockingStatus::Admission {
+                stage: "cache: dirty throttle"
+            }),
+            "the foreground writer waits in dirty throttling"
+        );
+    }
+    // Let writeback run, so everyone finishes.
+    let releaser = std::thread::spawn({
+        let dev = dev.clone();
+        move || {
+            while !(bg.is_finished() && fg.is_finished()) {
+                dev.release_all();
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            bg.join().unwrap();
+            fg.join().unwrap();
+        }
+    });
+    releaser.join().unwrap();
+    drop_releasing(cache, &dev);
+    finished
+}
+
+#[test]
+fn a_background_burst_does_not_block_a_foreground_writer_with_dirty_limits_per_class() {
+    assert!(
+        foreground_write_under_background_burst(true),
+        "foreground writer was throttled"
+    );
+}
+
+#[test]
+fn with_one_shared_dirty_limit_the_background_burst_blocks_the_foreground_writer() {
+    assert!(
+        !foreground_write_under_background_burst(false),
+        "expected the foreground writer to wait"
+    );
+}
+
+#[test]
+fn a_throttled_background_writer_that_inherits_criticality_retries_with_the_critical_limit() {
+    let dev = GateDevice::with(32, 8 * MIB, Box::new(|op, _| op == Op::Write));
+    let cache = cache_over(
+        dev.clone(),
+        CacheConfig {
+            capacity_bytes: MIB,
+            ..CacheConfig::default()
+        },
+    );
+    let file = cache.add_file("f", 0, 4 * MIB).unwrap();
+    let lock = Arc::new(critio::sync::Mutex::named("cache test: lock", ()));
+    let (tx, rx) = channel();
+    let bg = {
+        let (cache, lock) = (cache.clone(), lock.clone());
+        std::thread::spawn(move || {
+            let _g = lock.lock();
+            tx.send(context::current()).unwrap();
+            for p in 0..10u64 {
+                cache.write(file, p * PAGE as u64, &page(1)).unwrap();
+            }
+        })
+    };
+    let bg_task = rx.recv().unwrap();
+    wait_blocked(
+        &bg_task,
+        BlockingStatus::Admission {
+            stage: "cache: dirty throttle",
+        },
+    );
+    let fg = {
+        let lock = lock.clone();
+        std::thread::spawn(move || {
+            context::set_foreground();
+            drop(lock.lock());
+        })
+    };
+    // The writer inherits, is woken, and finishes under the critical limit
+    // while every write is still held at the device.
+    bg.join().unwrap();
+    fg.join().unwrap();
+    assert!(
+        cache.stats().dirty_critical >= 1,
+        "its later pages count as critical"
+    );
+    assert_eq!(bg_task.inherited_count(), 0);
+    drop_releasing(cache, &dev);
+}
+
+#[test]
+fn a_foreground_read_that_needs_a_frame_under_writeback_promotes_that_writeback() {
+    let n = 16u64; // the smallest cache: every frame will be under writeback
+    let dev = GateDevice::with(32, 8 * MIB, Box::new(|op, _| op == Op::Write));
+    let cfg = CacheConfig {
+        capacity_bytes: n * PAGE as u64,
+        dirty_limits: false,
+        shared_dirty_pct: 100.0,
+        writeback_batch_pages: 1,
+        ..CacheConfig::default()
+    };
+    let cache = cache_over(dev.clone(), cfg);
+    let file = cache.add_file("f", 0, 4 * MIB).unwrap();
+    // Dirty every frame, newest first in page order, so the oldest dirty
+    // page is the last page: its writeback is queued behind the cap.
+    for p in (0..n).rev() {
+        cache.write(file, p * PAGE as u64, &page(p as u8)).unwrap();
+    }
+    dev.wait_arrivals(1); // writeback started; one write at the device
+    wait_until("every page under writeback", || {
+        cache.stats().dirty_noncritical == n as usize
+    });
+    let oldest = (n - 1) * PAGE as u64;
+    assert!(
+        !dev.holds(oldest),
+        "the oldest page's write is still queued"
+    );
+    let reader = {
+        let cache = cache.clone();
+        std::thread::spawn(move || {
+            context::set_foreground();
+            let mut out = vec![0u8; PAGE];
+            cache.read(file, 100 * PAGE as u64, &mut out).unwrap();
+            out
+        })
+    };
+    wait_until("the awaited writeback is promoted to the device", || {
+        dev.holds(oldest)
+    });
+    let arrival = dev.arrivals().into_iter().find(|a| a.0 == oldest).unwrap();
+    assert_eq!(
+        arrival.1,
+        Class::Critical,
+        "promoted past the non-critical cap"
+    );
+    assert!(cache.block().stats().counters.promoted_queued >= 1);
+    let releaser = std::thread::spawn({
+        let dev = dev.clone();
+        move || {
+            while !reader.is_finished() {
+                dev.release_all();
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            reader.join().unwrap()
+        }
+    });
+    assert_eq!(releaser.join().unwrap(), vec![0u8; PAGE]);
+    drop_releasing(cache, &dev);
+}
+
+#[test]
+fn flushing_one_file_does_not_wait_for_another_files_dirty_pages() {
+    let b_base = 4 * MIB;
+    let dev = GateDevice::with(
+        32,
+        8 * MIB,
+        Box::new(move |op, offset| op == Op::Write && offset >= b_base),
+    );
+    let cache = cache_over(
+        dev.clone(),
+        CacheConfig {
+            capacity_bytes: 4 * MIB,
+            ..CacheConfig::default()
+        },
+    );
+    let a = cache.add_file("a", 0, MIB).unwrap();
+    let b = cache.add_file("b", b_base, MIB).unwrap();
+    // Fewer than the non-critical limit (1% of 1024 pages), so this
+    // background writer is not throttled while b's writeback is stuck.
+    for p in 0..8u64 {
+        cache.write(b, p * PAGE as u64, &page(9)).unwrap();
+    }
+    dev.wait_arrivals(1); // b's writeback is stuck at the device
+    cache.write(a, 0, &page(1)).unwrap();
+    let (tx, rx) = channel();
+    std::thread::spawn({
+        let cache = cache.clone();
+        move || {
+            context::set_foreground();
+            tx.send(cache.flush_file(a).map_err(|e| e.to_string()))
+                .unwrap();
+        }
+    });
+    let flushed = rx.recv_timeout(Duration::from_secs(10));
+    assert!(
+        matches!(flushed, Ok(Ok(()))),
+        "flush of a waited for b: {flushed:?}"
+    );
+    assert!(cache.stats().dirty_noncritical > 0, "b is still dirty");
+    let flusher = std::thread::spawn({
+        let cache = cache.clone();
+        move || cache.flush_file(b).map_err(|e| e.to_string())
+    });
+    while !flusher.is_finished() {
+        dev.release_all();
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    flusher.join().unwrap().unwrap();
+    drop_releasing(cache, &dev);
+}
+
+#[test]
+fn a_flushed_file_survives_a_new_cache_and_bad_ranges_are_errors() {
+    let dev: Arc<dyn Device> = Arc::new(MemDevice::new(8 * MIB));
+    let block = Arc::new(BlockLayer::new(dev, BlockConfig::default()).unwrap());
+    let cfg = CacheConfig {
+        capacity_bytes: 16 * PAGE as u64,
+        ..CacheConfig::default()
+    };
+    {
+        let cache = PageCache::new(block.clone(), cfg, &SyncConfig::default()).unwrap();
+        let f = cache.add_file("f", 0, MIB).unwrap();
+        cache
+            .write(f, 100, b"hello across a page boundary")
+            .unwrap();
+        cache.write(f, PAGE as u64 - 3, b"xyz!!!").unwrap();
+        cache.flush_file(f).unwrap();
+        let e = cache.write(f, MIB - 2, b"abc").unwrap_err().to_string();
+        assert!(e.contains("outside file"), "{e}");
+        let e = cache.add_file("g", 4096, 8192).unwrap_err().to_string();
+        assert!(e.contains("overlaps"), "{e}");
+    }
+    let cache = PageCache::new(block, cfg, &SyncConfig::default()).unwrap();
+    let f = cache.add_file("f", 0, MIB).unwrap();
+    let mut out = vec![0u8; 28];
+    cache.read(f, 100, &mut out).unwrap();
+    assert_eq!(&out, b"hello across a page boundary");
+    let mut out = vec![0u8; 6];
+    cache.read(f, PAGE as u64 - 3, &mut out).unwrap();
+    assert_eq!(&out, b"xyz!!!");
+}
+
+#[derive(Clone, Debug)]
+enum CacheOp {
+    Write {
+        file: usize,
+        offset: u64,
+        len: usize,
+        byte: u8,
+    },
+    Read {
+        file: usize,
+        offset: u64,
+        len: usize,
+    },
+    Flush {
+        file: usize,
+    },
+    FlushAll,
+    DropClean,
+}
+
+const FILE_LEN: u64 = 48 * PAGE as u64;
+
+fn cache_op() -> impl Strategy<Value = CacheOp> {
+    let range = (0..2usize, 0..FILE_LEN - 1).prop_flat_map(|(f, off)| {
+        let max = ((FILE_LEN - off) as usize).min(3 * PAGE);
+        (Just(f), Just(off), 1..=max)
+    });
+    prop_oneof![
+        4 => (range.clone(), any::<u8>()).prop_map(|((file, offset, len), byte)| CacheOp::Write { file, offset, len, byte }),
+        3 => range.prop_map(|(file, offset, len)| CacheOp::Read { file, offset, len }),
+        1 => (0..2usize).prop_map(|file| CacheOp::Flush { file }),
+        1 => Just(CacheOp::FlushAll),
+        1 => Just(CacheOp::DropClean),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    /// Whatever sequence of reads, writes, flushes and evictions, the cache
+    /// reads back what was last written, and after a final flush so does a
+    /// new cache over the same device.
+    #[test]
+    fn the_cache_reads_back_what_was_last_written(ops in proptest::collection::vec(cache_op(), 1..60)) {
+        let dev: Arc<dyn Device> = Arc::new(MemDevice::new(4 * MIB));
+        let block = Arc::new(BlockLayer::new(dev, BlockConfig::default()).unwrap());
+        let cfg = CacheConfig { capacity_bytes: 16 * PAGE as u64, dirty_expire_ms: 5, ..CacheConfig::default() };
+        let cache = PageCache::new(block.clone(), cfg, &SyncConfig::default()).unwrap();
+        let files = [cache.add_file("a", 0, FILE_LEN).unwrap(), cache.add_file("b", MIB, FILE_LEN).unwrap()];
+        let mut model = vec![vec![0u8; FILE_LEN as usize]; 2];
+        for op in &ops {
+            match *op {
+                CacheOp::Write { file, offset, len, byte } => {
+                    let data = vec![byte; len];
+                    cache.write(files[file], offset, &data).unwrap();
+                    model[file][offset as usize..offset as usize + len].copy_from_slice(&data);
+                }
+                CacheOp::Read { file, offset, len } => {
+                    let mut out = vec![0u8; len];
+                    cache.read(files[file], offset, &mut out).unwrap();
+                    prop_assert_eq!(&out[..], &model[file][offset as usize..offset as usize + len]);
+                }
+                CacheOp::Flush { file } => cache.flush_file(files[file]).unwrap(),
+                CacheOp::FlushAll => cache.flush_all().unwrap(),
+                CacheOp::DropClean => { cache.drop_clean(); }
+            }
+        }
+        cache.flush_all().unwrap();
+        drop(cache);
+        let cache = PageCache::new(block, cfg, &SyncConfig::default()).unwrap();
+        let files = [cache.add_file("a", 0, FILE_LEN).unwrap(), cache.add_file("b", MIB, FILE_LEN).unwrap()];
+        for f in 0..2 {
+            let mut out = vec![0u8; FILE_LEN as usize];
+            cache.read(files[f], 0, &mut out).unwrap();
+            prop_assert!(out == model[f], "file {} differs after reopening", f);
+        }
+    }
+}
