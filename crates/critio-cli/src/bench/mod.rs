@@ -2,6 +2,7 @@
 //! measured side by side in one run, as a table, targets and optional JSON.
 
 mod block_overhead;
+mod cache_entanglement;
 mod e2_device_priority;
 mod lock_overhead;
 mod real_device_mix;
@@ -49,6 +50,11 @@ pub const EXPERIMENTS: &[Experiment] = &[
         name: "real-device-mix",
         about: "critical QD1 reader + background QD32 writer on a real file, 6 configs (needs io_uring)",
         run: real_device_mix::run,
+    },
+    Experiment {
+        name: "cache-entanglement",
+        about: "fg write+commit latency vs a bg file writer: cache dirty limits and log inheritance on/off",
+        run: cache_entanglement::run,
     },
     Experiment {
         name: "block-overhead",

@@ -48,6 +48,26 @@ impl Table {
         self.rows.push(cells);
     }
 
+    /// The wait points of critical tasks in `snap` (paper 000 Tables 2-3):
+    /// one row per wait point, waits, mean and max.
+    pub fn wait_points(title: &str, snap: &critio::metrics::MetricsSnapshot) -> Self {
+        let mut t = Table::new(
+            title,
+            &["wait point (critical)", "waits", "mean ms", "max ms"],
+        );
+        for w in &snap.wait_points {
+            if w.class == critio::context::Class::Critical {
+                t.row(vec![
+                    Value::from(w.point.clone()),
+                    Value::from(w.latency.count),
+                    Value::from(w.latency.mean_us / 1000.0),
+                    Value::from(w.latency.max_us / 1000.0),
+                ]);
+            }
+        }
+        t
+    }
+
     fn render(&self) -> String {
         let cells: Vec<Vec<String>> = self
             .rows

@@ -128,6 +128,8 @@ pub(crate) struct Inner {
     files: RwLock<Vec<FileInfo>>,
     throttle: Arc<Throttle>,
     counters: Counters,
+    /// The last writeback failure, until a later writeback succeeds.
+    wb_error: Mutex<Option<BlockError>>,
 }
 
 /// A page cache over one block layer. Dropping it stops its writeback
@@ -187,6 +189,7 @@ impl PageCache {
             files: RwLock::new(Vec::new()),
             throttle: Arc::new(Throttle::default()),
             counters: Counters::default(),
+            wb_error: Mutex::new(None),
         });
         let writeback = {
             let inner = inner.clone();
@@ -435,7 +438,7 @@ impl Inner {
                 Act::Wait(p) => drop(p.wait()),
                 Act::Load(i, p) => self.load(key, i, &p)?,
                 Act::Reclaim(i) => self.reclaim(i)?,
-                Act::Throttle => self.throttle_wait(),
+                Act::Throttle => self.throttle_wait()?,
             }
         }
     }
@@ -474,16 +477,27 @@ impl Inner {
         frames.dirty(class) < self.limit(pct)
     }
 
-    fn throttle_wait(&self) {
-        let allowed = || {
+    /// Waits in dirty throttling until the caller's class may dirty a page,
+    /// or fails with the device's error if writeback is failing (a dead or
+    /// full device would otherwise keep the writer waiting forever).
+    fn throttle_wait(&self) -> Result<(), CacheError> {
+        let done = || {
             let core = self.core.lock();
-            self.may_dirty(&core.frames, context::current_class())
+            self.may_dirty(&core.frames, context::current_class()) || self.wb_error.lock().is_some()
         };
         let kick = || {
             self.core.lock().kicked = true;
             self.wb_cv.notify_one();
         };
-        self.throttle.wait(allowed, kick);
+        self.throttle.wait(done, kick);
+        let core = self.core.lock();
+        if self.may_dirty(&core.frames, context::current_class()) {
+            return Ok(());
+        }
+        match self.wb_error.lock().clone() {
+            Some(e) => Err(e.into()),
+            None => Ok(()),
+        }
     }
 
     /// Reads a missing page in the caller's class.

@@ -134,10 +134,12 @@ impl Inner {
             if ok {
                 c.writeback_pages
                     .fetch_add(run.pages.len() as u64, Ordering::Relaxed);
+                *self.wb_error.lock() = None;
             } else {
                 c.writeback_errors.fetch_add(1, Ordering::Relaxed);
             }
             if let Err(e) = result {
+                *self.wb_error.lock() = Some(e.clone());
                 first_err.get_or_insert(e);
             }
         }
