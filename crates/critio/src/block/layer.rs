@@ -28,7 +28,7 @@ use super::stats::StatsAcc;
 use super::{BlockConfig, BlockStats, ReqId, IO_LEN_MAX};
 use crate::config::ConfigError;
 use crate::context::{self, Blocker, BlockingStatus, Class, InheritKind, TaskRef, WaitScope};
-use crate::device::{validate, AlignedBuf, Command, Completion, Device, DeviceError, Op};
+use crate::device::{validate, AlignedBuf, Command, Completion, Device, DeviceError, IoHint, Op};
 use crate::metrics;
 use crate::shim::thread;
 use crate::time::{Clock, Nanos};
@@ -253,14 +253,20 @@ impl Inner {
             });
         }
         let class = self.cfg.scheme.classify(sync, context::current_class());
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let hint = IoHint {
+            sync,
+            foreground: context::current_is_foreground(),
+            tag: id,
+        };
         let cmd = Command {
             op,
             offset,
             buf,
             class,
+            hint,
         };
         validate(self.device.info(), &cmd)?;
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let state = IoState::new(id, point, Arc::downgrade(self));
         let info = ReqInfo {
             class,

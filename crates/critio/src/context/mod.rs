@@ -60,6 +60,12 @@ pub fn current_class() -> Class {
     registry::CURRENT.with(|r| r.0.class())
 }
 
+/// Whether the current thread is foreground (for life or in a scope),
+/// ignoring inheritance: one thread-local access and one atomic load.
+pub fn current_is_foreground() -> bool {
+    registry::CURRENT.with(|r| r.0.is_foreground())
+}
+
 /// Marks the current thread foreground for the rest of its life (until
 /// [`clear_foreground`]).
 pub fn set_foreground() {

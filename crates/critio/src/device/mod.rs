@@ -72,6 +72,23 @@ pub struct Command {
     pub buf: AlignedBuf,
     /// The request's class, handed to the device's own priority mechanism.
     pub class: Class,
+    /// Where the command comes from, for devices that decide by it (the
+    /// write cache's admission policies).
+    pub hint: IoHint,
+}
+
+/// Where a command comes from. The block layer fills it; the default is an
+/// anonymous asynchronous command.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct IoHint {
+    /// Its submitter waits for it.
+    pub sync: bool,
+    /// Its submitter was foreground (not merely inheriting) when it
+    /// submitted it.
+    pub foreground: bool,
+    /// The block layer's request id (0: none), the handle a promotion at
+    /// the device refers to.
+    pub tag: u64,
 }
 
 impl Command {
@@ -82,6 +99,7 @@ impl Command {
             offset,
             buf: AlignedBuf::zeroed(len),
             class,
+            hint: IoHint::default(),
         }
     }
 
@@ -92,6 +110,7 @@ impl Command {
             offset,
             buf,
             class,
+            hint: IoHint::default(),
         }
     }
 
@@ -102,6 +121,7 @@ impl Command {
             offset: 0,
             buf: AlignedBuf::empty(),
             class,
+            hint: IoHint::default(),
         }
     }
 
