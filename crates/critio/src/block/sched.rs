@@ -18,9 +18,11 @@
 //!   background I/O cannot take the slots a critical request needs.
 //! - **Dispatch**: critical requests first, FIFO within a class, up to the
 //!   device's queue depth. Non-critical requests go only when no critical one
-//!   is queued, while fewer than the cap are at the device, and outside an
-//!   anticipation window; but at least one per starvation period goes ahead
-//!   of critical ones, so background work is never starved.
+//!   is queued, while fewer than the cap are at the device, and, with
+//!   anticipation on, neither while critical requests are at the device nor
+//!   for the window after the last critical completion; but at least one per
+//!   starvation period goes ahead of critical ones, so background work is
+//!   never starved.
 //! - With classes off (`classes: false`) everything shares one pool and one
 //!   FIFO: the `none` scheme.
 //!
@@ -334,8 +336,15 @@ impl<P> Scheduler<P> {
         now.saturating_sub(since)
     }
 
+    /// With anticipation on (paper 004's non-work-conserving dispatch),
+    /// non-critical requests wait while critical ones are at the device and
+    /// for the window after the last critical completion; a critical arrival
+    /// ends the window (it is dispatched at once).
     fn anticipating(&self, now: Nanos) -> bool {
-        self.anticipate_until.is_some_and(|until| now < until)
+        if self.cfg.anticipation == 0 || !self.cfg.classes {
+            return false;
+        }
+        self.inflight[CRIT] > 0 || self.anticipate_until.is_some_and(|until| now < until)
     }
 
     fn take(&mut self, lane: usize, now: Nanos) -> ReqId {

@@ -282,31 +282,52 @@ fn anticipation_holds_noncritical_after_a_critical_completion_until_broken() {
     });
     h.advance(MS);
     let c = h.submit(C).0;
-    h.dispatch();
+    h.submit(N);
+    assert_eq!(
+        h.dispatch(),
+        vec![C],
+        "held while the critical request is at the device"
+    );
     h.advance(100 * US);
     h.complete(c);
-    h.submit(N);
     assert!(h.dispatch().is_empty(), "window open: non-critical held");
     assert_eq!(h.s.next_timer(h.now), Some(h.now + 2 * MS));
     h.advance(500 * US);
     assert!(h.dispatch().is_empty());
-    h.submit(C); // a critical arrival breaks the window
-    assert_eq!(h.dispatch(), vec![C, N]);
-    assert!(h.s.counters().anticipation_holds >= 2);
+    let c2 = h.submit(C).0; // a critical arrival ends the window...
+    assert_eq!(h.dispatch(), vec![C]);
+    h.complete(c2); // ...and its completion opens the next one
+    assert!(h.dispatch().is_empty());
+    assert!(h.s.counters().anticipation_holds >= 3);
 
     // A window that expires lets the held request go.
+    h.advance(2 * MS);
+    assert_eq!(h.dispatch(), vec![N]);
+}
+
+#[test]
+fn anticipation_never_starves_background_past_the_period() {
     let mut h = Harness::new(SchedConfig {
         anticipation: 2 * MS,
         ..cfg()
     });
     h.advance(MS);
-    let c = h.submit(C).0;
-    h.dispatch();
-    h.complete(c);
-    h.submit(N);
-    assert!(h.dispatch().is_empty());
-    h.advance(2 * MS);
-    assert_eq!(h.dispatch(), vec![N]);
+    let n = h.submit(N).0;
+    for _ in 0..200 {
+        let c = h.submit(C).0;
+        h.dispatch();
+        h.advance(200 * US);
+        h.complete(c);
+        if h.dispatched.iter().any(|&(id, _)| id == n) {
+            break;
+        }
+    }
+    assert!(h.dispatched.iter().any(|&(id, _)| id == n), "starved");
+    assert!(
+        h.now <= MS + 10 * MS + 400 * US,
+        "within one period: {}",
+        h.now
+    );
 }
 
 #[test]

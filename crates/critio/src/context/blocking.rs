@@ -99,8 +99,10 @@ pub(crate) struct Blocking {
 
 /// A wait in progress: while it lives, the current task's blocking status is
 /// set; when it ends, the status is cleared and the wait time is recorded at
-/// its wait point (per class: critical when the task was critical when the
-/// wait began or when it ended).
+/// its wait point, under the class the task had when the wait began (the
+/// wait tables are of waits critical tasks entered; a background task that
+/// inherits criticality while it waits is counted with the background, its
+/// wait being the critical task's own wait on it).
 #[must_use = "the blocking status is cleared when the scope is dropped"]
 pub struct WaitScope {
     task: TaskRef,
@@ -146,7 +148,7 @@ impl WaitScope {
 impl Drop for WaitScope {
     fn drop(&mut self) {
         self.task.set_blocking(None);
-        let class = if self.critical_at_start || self.task.is_critical() {
+        let class = if self.critical_at_start {
             Class::Critical
         } else {
             Class::NonCritical

@@ -364,8 +364,8 @@ impl Shared {
         let result = match cmd.op {
             Op::Read => st.store.read(offset, cmd.buf.as_mut_slice()),
             Op::Write => write(st, offset, cmd.buf.as_slice()),
-            // The model completed it after every write submitted before it;
-            // it covers every write completed so far (at least those).
+            // It covers every write completed so far: those the host saw
+            // complete before it submitted the flush, at least.
             Op::Flush => st.store.sync().map(|()| {
                 if let Some(log) = st.log.as_mut() {
                     log.flushed(log.mark());

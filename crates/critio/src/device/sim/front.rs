@@ -11,8 +11,12 @@
 //! Lifecycle of a read or write: `submit` (host FIFO) -> `enter` (takes one
 //! of `depth` slots, the firmware may now pick it) -> `dispatch` (being
 //! served) -> `step` finishes it (slot freed, completion ready) -> popped.
-//! Flushes take no slot: they are barriers on the writes submitted before
-//! them, like an ATA FLUSH CACHE that waits for the queue.
+//! Flushes take no slot. How they order with writes is the interface's:
+//!
+//! | flush          | completes                                  | like                       |
+//! |----------------|--------------------------------------------|----------------------------|
+//! | `Barrier`      | when every earlier-submitted write finished | SATA FLUSH CACHE (non-queued: the queue drains first) |
+//! | `CompletedOnly`| at once, covering writes already completed  | NVMe Flush (covers commands completed before it)      |
 
 use std::collections::{BTreeSet, VecDeque};
 
@@ -47,10 +51,18 @@ pub(crate) trait Mechanism {
     fn step(&mut self, finished: &mut Vec<Cmd>);
 }
 
+/// How a flush orders with the writes in the drive (see the module docs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum FlushKind {
+    Barrier,
+    CompletedOnly,
+}
+
 /// Host FIFO, slots, flush barriers, completions.
 #[derive(Debug)]
 pub(crate) struct Frontend {
     depth: usize,
+    flush: FlushKind,
     now: Nanos,
     next_ticket: u64,
     host: VecDeque<Cmd>,
@@ -64,10 +76,11 @@ pub(crate) struct Frontend {
 }
 
 impl Frontend {
-    pub fn new(depth: u32) -> Self {
+    pub fn new(depth: u32, flush: FlushKind) -> Self {
         assert!(depth > 0, "a drive needs at least one slot");
         Self {
             depth: depth as usize,
+            flush,
             now: 0,
             next_ticket: 0,
             host: VecDeque::new(),
@@ -85,8 +98,16 @@ impl Frontend {
         self.next_ticket += 1;
         if req.op == Op::Flush {
             assert_eq!(req.len, 0, "a flush transfers no data");
-            self.flushes.push_back((req.id, ticket));
-            self.release_flushes(now);
+            match self.flush {
+                FlushKind::Barrier => {
+                    self.flushes.push_back((req.id, ticket));
+                    self.release_flushes(now);
+                }
+                FlushKind::CompletedOnly => self.ready.push_back(Completed {
+                    id: req.id,
+                    at: now,
+                }),
+            }
             return;
         }
         assert!(req.len > 0, "a {} of zero bytes", req.op);

@@ -32,7 +32,7 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 
-use super::front::{Cmd, Frontend, Mechanism};
+use super::front::{Cmd, FlushKind, Frontend, Mechanism};
 use super::model::{Completed, DriveModel, Firmware, Request};
 use crate::time::{Nanos, US};
 
@@ -257,7 +257,8 @@ impl HddModel {
         let geo = Geometry::new(capacity, &params);
         let mut rng = SmallRng::seed_from_u64(seed);
         Self {
-            front: Frontend::new(params.queue_depth),
+            // A SATA drive: FLUSH CACHE is not queued, the queue drains first.
+            front: Frontend::new(params.queue_depth, FlushKind::Barrier),
             heads: Heads {
                 geo,
                 fw: firmware,

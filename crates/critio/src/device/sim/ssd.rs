@@ -14,14 +14,15 @@
 //! uses every channel and a 4 KiB one uses one. Each channel serves its
 //! queue first-in first-out; with priority-aware firmware it serves
 //! high-priority parts first and a low-priority part that has waited past
-//! the aging limit before either (see [`Firmware`]). Flushes are barriers
-//! on earlier writes (no destaging cost is modelled).
+//! the aging limit before either (see [`Firmware`]). A flush behaves like an
+//! NVMe Flush: it covers the writes completed before it, does not wait for
+//! those in flight, and no destaging cost is modelled.
 
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 
-use super::front::{Cmd, Frontend, Mechanism};
+use super::front::{Cmd, FlushKind, Frontend, Mechanism};
 use super::model::{Completed, DriveModel, Firmware, Request};
 use crate::device::Op;
 use crate::time::{Nanos, MS, US};
@@ -294,7 +295,9 @@ impl SsdModel {
             })
             .collect();
         Self {
-            front: Frontend::new(params.queue_depth),
+            // An NVMe drive: a flush covers the writes completed before it
+            // and does not wait for those in flight.
+            front: Frontend::new(params.queue_depth, FlushKind::CompletedOnly),
             flash: Flash {
                 p: params,
                 fw: firmware,
