@@ -26,6 +26,7 @@ pub mod context;
 pub mod device;
 pub mod log;
 pub mod metrics;
+pub mod nvwc;
 mod shim;
 pub mod sync;
 pub mod time;
