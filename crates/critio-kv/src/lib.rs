@@ -1,12 +1,24 @@
 //! critio-kv: a Redis-protocol (RESP2) key-value server built only on
 //! critio's layers. Its connection threads are marked foreground; its
-//! checkpoint, snapshot and log-rewrite threads are not.
+//! checkpoint, snapshot and index-rewrite threads are not.
 //!
-//! The engine and server arrive with issue 5; this crate exists now so the
-//! workspace has its final shape.
+//! ```text
+//!  clients ── RESP2 ──> connection threads (foreground)
+//!                            │
+//!                            v
+//!  engine: hash index of copy-on-write bucket pages, write-ahead log, checkpoints
+//!                            │
+//!  critio: sync ── cache ── log ── block ── device
+//! ```
 
 #![warn(missing_docs)]
 #![forbid(unsafe_code)]
+
+pub mod engine;
+pub mod server;
+pub mod stack;
+
+pub use stack::{Scheme, Stack, StackConfig};
 
 /// The crate's version, for `critio --version` and `INFO`.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");

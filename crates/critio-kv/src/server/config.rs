@@ -1,0 +1,249 @@
+//! The `[server]` section, and the whole config file of `critio serve`.
+//!
+//! ```toml
+//! [server]
+//! bind = "127.0.0.1:6390"
+//! max_clients = 1000          # a client beyond it gets an error and is closed
+//! max_frame_bytes = 8388608   # one request frame (8 MiB)
+//! max_args = 1048576          # arguments in one request
+//! idle_timeout_ms = 0         # close a client silent this long (0: never)
+//! shutdown_timeout_ms = 10000 # how long a stop waits for commands in flight
+//!
+//! [engine]                    # crate::engine::EngineConfig
+//! checkpoint_interval_ms = 10000
+//!
+//! [cache]                     # and [context], [sync], [block], [log]: critio::Config
+//! capacity_bytes = 67108864
+//! ```
+//!
+//! Fields left out keep their defaults (for critio's sections, those of
+//! [`default_critio_config`]); unknown sections and fields are errors that
+//! name them, and every value is validated with an error naming its field.
+
+use serde::{Deserialize, Serialize};
+
+use super::ServerError;
+use crate::engine::{EngineConfig, EngineError};
+use crate::stack::default_critio_config;
+
+/// The server's limits and address.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ServerConfig {
+    /// Where to listen. Default `127.0.0.1:6390` (Redis's 6379 plus 11, so
+    /// both can run side by side).
+    pub bind: String,
+    /// Clients connected at once; one thread each. Default 1000, at most
+    /// [`MAX_CLIENTS_LIMIT`].
+    pub max_clients: u32,
+    /// The largest request frame, in bytes; a bigger one is a protocol
+    /// error that closes its connection. Default 8 MiB. At least 1 KiB, at
+    /// most 1 GiB.
+    pub max_frame_bytes: u64,
+    /// The most arguments in one request. Default 1048576 (Redis's).
+    pub max_args: u32,
+    /// A client that sends nothing for this long is closed, in ms; 0 never
+    /// closes one. Default 0.
+    pub idle_timeout_ms: u64,
+    /// How long a stop waits for connections to finish the command they
+    /// are running, in ms. Default 10000.
+    pub shutdown_timeout_ms: u64,
+}
+
+/// The largest `max_clients`.
+pub const MAX_CLIENTS_LIMIT: u32 = 65_536;
+/// The allowed range of `max_frame_bytes`.
+pub const MAX_FRAME_BYTES_RANGE: std::ops::RangeInclusive<u64> = 1024..=1 << 30;
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            bind: "127.0.0.1:6390".to_owned(),
+            max_clients: 1000,
+            max_frame_bytes: 8 << 20,
+            max_args: 1 << 20,
+            idle_timeout_ms: 0,
+            shutdown_timeout_ms: 10_000,
+        }
+    }
+}
+
+const _: () = assert!(1000 <= MAX_CLIENTS_LIMIT);
+const _: () = assert!(8 << 20 <= *MAX_FRAME_BYTES_RANGE.end());
+
+fn invalid(field: &'static str, value: impl ToString, allowed: &str) -> ServerError {
+    ServerError::Invalid {
+        field,
+        value: value.to_string(),
+        allowed: allowed.to_owned(),
+    }
+}
+
+impl ServerConfig {
+    /// Checks every field; the error names the first bad one.
+    pub fn validate(&self) -> Result<(), ServerError> {
+        if self.bind.parse::<std::net::SocketAddr>().is_err() {
+            return Err(invalid(
+                "server.bind",
+                &self.bind,
+                "must be an address and port such as 127.0.0.1:6390",
+            ));
+        }
+        if !(1..=MAX_CLIENTS_LIMIT).contains(&self.max_clients) {
+            return Err(invalid(
+                "server.max_clients",
+                self.max_clients,
+                "must be within 1..=65536",
+            ));
+        }
+        if !MAX_FRAME_BYTES_RANGE.contains(&self.max_frame_bytes) {
+            return Err(invalid(
+                "server.max_frame_bytes",
+                self.max_frame_bytes,
+                "must be within 1024..=1073741824",
+            ));
+        }
+        if self.max_args == 0 {
+            return Err(invalid("server.max_args", 0, "must be at least 1"));
+        }
+        if self.shutdown_timeout_ms == 0 {
+            return Err(invalid(
+                "server.shutdown_timeout_ms",
+                0,
+                "must be at least 1",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Everything a config file of `critio serve` sets.
+#[derive(Clone, Debug, PartialEq)]
+pub struct FileConfig {
+    /// `[server]`.
+    pub server: ServerConfig,
+    /// `[engine]`.
+    pub engine: EngineConfig,
+    /// `[context]`, `[sync]`, `[block]`, `[log]`, `[cache]`.
+    pub critio: critio::config::Config,
+}
+
+impl Default for FileConfig {
+    fn default() -> Self {
+        Self {
+            server: ServerConfig::default(),
+            engine: EngineConfig::default(),
+            critio: default_critio_config(),
+        }
+    }
+}
+
+const CRITIO_SECTIONS: [&str; 5] = ["context", "sync", "block", "log", "cache"];
+
+impl FileConfig {
+    /// Parses and validates a config file's text.
+    pub fn from_toml_str(text: &str) -> Result<FileConfig, ServerError> {
+        let parse = |e: toml::de::Error| ServerError::Parse(format!("config file: {e}"));
+        let mut file: toml::Table = toml::from_str(text).map_err(parse)?;
+        let section = |file: &mut toml::Table, name: &str| -> Result<toml::Value, ServerError> {
+            match file.remove(name) {
+                None => Ok(toml::Value::Table(toml::Table::new())),
+                Some(v @ toml::Value::Table(_)) => Ok(v),
+                Some(_) => Err(ServerError::Parse(format!(
+                    "config file: `{name}` must be a [{name}] section"
+                ))),
+            }
+        };
+        let server: ServerConfig = section(&mut file, "server")?.try_into().map_err(parse)?;
+        let engine: EngineConfig = section(&mut file, "engine")?.try_into().map_err(parse)?;
+        let critio = merge_critio(file)?;
+        server.validate()?;
+        engine.validate().map_err(|e| match e {
+            EngineError::Config(m) => ServerError::Parse(format!("config: {m}")),
+            other => ServerError::Parse(other.to_string()),
+        })?;
+        critio
+            .validate()
+            .map_err(|e| ServerError::Parse(e.to_string()))?;
+        Ok(FileConfig {
+            server,
+            engine,
+            critio,
+        })
+    }
+}
+
+/// The critio sections of `file` laid field by field over
+/// [`default_critio_config`]; what is left in `file` must be one of them.
+fn merge_critio(file: toml::Table) -> Result<critio::config::Config, ServerError> {
+    let defaults = toml::Value::try_from(default_critio_config())
+        .map_err(|e| ServerError::Parse(format!("default config: {e}")))?;
+    let toml::Value::Table(mut merged) = defaults else {
+        unreachable!("a struct serializes to a table")
+    };
+    for (name, value) in file {
+        if !CRITIO_SECTIONS.contains(&name.as_str()) {
+            return Err(ServerError::Parse(format!(
+                "config file: unknown section or key `{name}`: the sections are server, engine, {}",
+                CRITIO_SECTIONS.join(", ")
+            )));
+        }
+        let toml::Value::Table(fields) = value else {
+            return Err(ServerError::Parse(format!(
+                "config file: `{name}` must be a [{name}] section"
+            )));
+        };
+        let target = merged
+            .entry(name)
+            .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+        if let toml::Value::Table(t) = target {
+            t.extend(fields);
+        }
+    }
+    toml::Value::Table(merged)
+        .try_into()
+        .map_err(|e: toml::de::Error| ServerError::Parse(format!("config file: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_validate() {
+        ServerConfig::default().validate().unwrap();
+        let f = FileConfig::from_toml_str("").unwrap();
+        assert_eq!(f, FileConfig::default());
+    }
+
+    #[test]
+    fn sections_merge_over_the_serve_defaults() {
+        let text = "[server]\nmax_clients = 4\n[engine]\nbuckets = 1024\n\
+                    [cache]\ncapacity_bytes = 1048576\n[log]\nbatch_bytes_max = 6291456\n";
+        let f = FileConfig::from_toml_str(text).unwrap();
+        assert_eq!(f.server.max_clients, 4);
+        assert_eq!(f.engine.buckets, 1024);
+        assert_eq!(f.critio.cache.capacity_bytes, 1 << 20);
+        assert_eq!(f.critio.log.batch_bytes_max, 6 << 20);
+        // Not given: the serve default, not LogConfig's.
+        let d = default_critio_config();
+        assert_eq!(f.critio.log.record_bytes_max, d.log.record_bytes_max);
+    }
+
+    #[test]
+    fn bad_fields_are_named() {
+        for (text, needle) in [
+            ("[server]\nmax_clients = 0", "server.max_clients"),
+            ("[server]\nbind = \"nowhere\"", "server.bind"),
+            ("[server]\nmax_frame_bytes = 10", "server.max_frame_bytes"),
+            ("[server]\nmax_clientz = 3", "max_clientz"),
+            ("[engine]\nbuckets = 1", "engine.buckets"),
+            ("[cache]\npage_bytes = 1000", "cache.page_bytes"),
+            ("[cache]\npage_byts = 4096", "page_byts"),
+            ("[nope]\nx = 1", "nope"),
+        ] {
+            let e = FileConfig::from_toml_str(text).unwrap_err().to_string();
+            assert!(e.contains(needle), "{text}: {e}");
+        }
+    }
+}

@@ -1,0 +1,360 @@
+//! INFO: Redis's `key:value` sections, plus critio's own.
+//!
+//! | section       | what                                                        |
+//! |---------------|-------------------------------------------------------------|
+//! | `server`      | versions, port, uptime                                      |
+//! | `clients`     | connected and maximum clients                               |
+//! | `stats`       | connections, commands, protocol errors, bytes, keyspace hits |
+//! | `persistence` | checkpoints (count, mean/max ms), BGSAVE / BGREWRITEAOF in progress and last results |
+//! | `critio`      | scheme, device, block layer per class, cache, log, inheritance, and where critical tasks waited (paper 000 Tables 2-3) |
+//! | `keyspace`    | `db0:keys=N`                                                |
+//!
+//! `INFO`, `INFO default`, `INFO all` give every section; `INFO a b` the
+//! ones named.
+
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use critio::context::{Class, InheritKind};
+use critio::metrics::LatencySummary;
+use parking_lot::Mutex;
+
+use super::Shared;
+use crate::engine::BackgroundStats;
+
+/// A background job the server started.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Job {
+    /// BGSAVE.
+    Snapshot,
+    /// BGREWRITEAOF.
+    Rewrite,
+}
+
+/// One start of a job: the completions counted when it started, and its
+/// result once known (None: not finished when last looked at).
+#[derive(Clone, Copy)]
+struct Mark {
+    completions_before: u64,
+    ok: Option<bool>,
+}
+
+/// The last start of each job, to tell its result once it has finished:
+/// a job that ended without adding to its completion count failed.
+#[derive(Default)]
+pub(crate) struct JobLog {
+    marks: Mutex<[Option<Mark>; 2]>,
+}
+
+fn completions(stats: &BackgroundStats, job: Job) -> u64 {
+    match job {
+        Job::Snapshot => stats.snapshots,
+        Job::Rewrite => stats.rewrites,
+    }
+}
+
+impl JobLog {
+    pub(crate) fn started(&self, job: Job, before: &BackgroundStats) {
+        self.marks.lock()[job as usize] = Some(Mark {
+            completions_before: completions(before, job),
+            ok: None,
+        });
+    }
+
+    /// `ok` or `err` for the last finished run (`ok` if none ran).
+    fn last_status(&self, job: Job, now: &BackgroundStats, running: bool) -> &'static str {
+        let mut marks = self.marks.lock();
+        let Some(mark) = &mut marks[job as usize] else {
+            return "ok";
+        };
+        if mark.ok.is_none() && !running {
+            mark.ok = Some(completions(now, job) > mark.completions_before);
+        }
+        match mark.ok {
+            Some(false) => "err",
+            _ => "ok",
+        }
+    }
+}
+
+const SECTIONS: [&str; 6] = [
+    "server",
+    "clients",
+    "stats",
+    "persistence",
+    "critio",
+    "keyspace",
+];
+
+/// The INFO text for the sections asked for.
+pub(crate) fn render(shared: &Shared, args: &[&[u8]]) -> String {
+    let asked: Vec<String> = args
+        .iter()
+        .map(|a| String::from_utf8_lossy(a).to_ascii_lowercase())
+        .collect();
+    let all = asked.is_empty()
+        || asked
+            .iter()
+            .any(|a| a == "all" || a == "default" || a == "everything");
+    let mut out = String::new();
+    for name in SECTIONS {
+        if !all && !asked.iter().any(|a| a == name) {
+            continue;
+        }
+        if !out.is_empty() {
+            out += "\r\n";
+        }
+        let mut title = name.to_owned();
+        title[..1].make_ascii_uppercase();
+        let _ = write!(out, "# {title}\r\n");
+        match name {
+            "server" => server(shared, &mut out),
+            "clients" => clients(shared, &mut out),
+            "stats" => stats(shared, &mut out),
+            "persistence" => persistence(shared, &mut out),
+            "critio" => critio_section(shared, &mut out),
+            _ => {
+                let _ = write!(out, "db0:keys={}\r\n", shared.backend.engine.dbsize());
+            }
+        }
+    }
+    out
+}
+
+fn kv(out: &mut String, key: &str, value: impl std::fmt::Display) {
+    let _ = write!(out, "{key}:{value}\r\n");
+}
+
+fn server(s: &Shared, out: &mut String) {
+    let up = s.started.elapsed().as_secs();
+    // The Redis protocol level clients may assume.
+    kv(out, "redis_version", "7.0.0");
+    kv(out, "critio_kv_version", crate::VERSION);
+    kv(out, "redis_mode", "standalone");
+    kv(out, "os", std::env::consts::OS);
+    kv(out, "arch_bits", usize::BITS);
+    kv(out, "process_id", std::process::id());
+    kv(out, "tcp_port", s.addr.port());
+    kv(out, "uptime_in_seconds", up);
+    kv(out, "uptime_in_days", up / 86_400);
+}
+
+fn clients(s: &Shared, out: &mut String) {
+    kv(out, "connected_clients", s.connected());
+    kv(out, "maxclients", s.cfg.max_clients);
+}
+
+fn stats(s: &Shared, out: &mut String) {
+    let st = &s.stats;
+    let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+    kv(
+        out,
+        "total_connections_received",
+        get(&st.connections_received),
+    );
+    kv(out, "total_commands_processed", get(&st.commands_processed));
+    kv(out, "rejected_connections", get(&st.rejected_connections));
+    kv(out, "total_protocol_errors", get(&st.protocol_errors));
+    kv(out, "total_error_replies", get(&st.error_replies));
+    kv(out, "total_net_input_bytes", get(&st.net_input_bytes));
+    kv(out, "total_net_output_bytes", get(&st.net_output_bytes));
+    kv(out, "keyspace_hits", get(&st.keyspace_hits));
+    kv(out, "keyspace_misses", get(&st.keyspace_misses));
+}
+
+fn persistence(s: &Shared, out: &mut String) {
+    let engine = &s.backend.engine;
+    let (snapshot, rewrite) = engine.background_running();
+    let b = engine.background_stats();
+    let mean = if b.checkpoints == 0 {
+        0.0
+    } else {
+        b.checkpoint_ms_total / b.checkpoints as f64
+    };
+    kv(out, "loading", 0);
+    kv(out, "aof_enabled", 1);
+    kv(out, "checkpoints", b.checkpoints);
+    kv(out, "checkpoint_mean_ms", format!("{mean:.3}"));
+    kv(
+        out,
+        "checkpoint_max_ms",
+        format!("{:.3}", b.checkpoint_ms_max),
+    );
+    kv(out, "checkpoint_errors", b.checkpoint_errors);
+    kv(out, "last_checkpoint_lsn", b.last_checkpoint_lsn);
+    kv(out, "rdb_bgsave_in_progress", u8::from(snapshot));
+    kv(
+        out,
+        "rdb_last_bgsave_status",
+        s.jobs.last_status(Job::Snapshot, &b, snapshot),
+    );
+    kv(out, "rdb_saves", b.snapshots);
+    kv(
+        out,
+        "rdb_last_bgsave_time_ms",
+        format!("{:.3}", b.last_snapshot_ms),
+    );
+    kv(out, "rdb_last_bgsave_keys", b.last_snapshot_keys);
+    kv(out, "aof_rewrite_in_progress", u8::from(rewrite));
+    kv(
+        out,
+        "aof_last_bgrewrite_status",
+        s.jobs.last_status(Job::Rewrite, &b, rewrite),
+    );
+    kv(out, "aof_rewrites", b.rewrites);
+    kv(out, "aof_last_rewrite_buckets", b.last_rewrite_buckets);
+    kv(
+        out,
+        "last_background_error",
+        b.last_error.as_deref().unwrap_or(""),
+    );
+}
+
+fn latency(out: &mut String, key: &str, l: &LatencySummary) {
+    let _ = write!(
+        out,
+        "{key}:count={},mean_us={:.1},p50_us={:.1},p99_us={:.1},p999_us={:.1},max_us={:.1}\r\n",
+        l.count, l.mean_us, l.p50_us, l.p99_us, l.p999_us, l.max_us
+    );
+}
+
+/// A wait point's name as an INFO key: lower case, `_` for the rest.
+fn key_of(point: &str) -> String {
+    point
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_lowercase()
+            } else {
+                '_'
+            }
+        })
+        .collect::<String>()
+        .split('_')
+        .filter(|w| !w.is_empty())
+        .collect::<Vec<_>>()
+        .join("_")
+}
+
+fn critio_section(s: &Shared, out: &mut String) {
+    let b = &s.backend;
+    kv(out, "scheme", b.scheme);
+    kv(out, "device", &b.device);
+    kv(
+        out,
+        "device_capacity_bytes",
+        b.block.device().info().capacity,
+    );
+    block(s, out);
+    cache(s, out);
+    log(s, out);
+    inheritance(out);
+}
+
+fn block(s: &Shared, out: &mut String) {
+    let st = s.backend.block.stats();
+    for class in Class::ALL {
+        let c = st.class(class);
+        let name = key_of(class.as_str());
+        kv(out, &format!("block_{name}_completions"), c.completions);
+        kv(out, &format!("block_{name}_bytes"), c.bytes);
+        latency(
+            out,
+            &format!("block_{name}_admission_wait"),
+            &c.admission_wait,
+        );
+        latency(out, &format!("block_{name}_queue_wait"), &c.queue_wait);
+        latency(out, &format!("block_{name}_device_time"), &c.device_time);
+    }
+    let k = st.counters;
+    kv(
+        out,
+        "block_promoted_awaiting_admission",
+        k.promoted_awaiting_admission,
+    );
+    kv(out, "block_promoted_queued", k.promoted_queued);
+    kv(out, "block_promoted_at_device", k.promoted_at_device);
+    kv(out, "block_starvation_dispatches", k.starvation_dispatches);
+    kv(out, "block_anticipation_holds", k.anticipation_holds);
+    kv(out, "block_noncritical_cap", st.noncritical_cap);
+}
+
+fn cache(s: &Shared, out: &mut String) {
+    let c = s.backend.cache.stats();
+    let lookups = c.hits + c.misses;
+    let rate = if lookups == 0 {
+        0.0
+    } else {
+        c.hits as f64 / lookups as f64
+    };
+    kv(out, "cache_frames", c.frames);
+    kv(out, "cache_hits", c.hits);
+    kv(out, "cache_misses", c.misses);
+    kv(out, "cache_hit_rate", format!("{rate:.4}"));
+    kv(out, "cache_dirty_critical", c.dirty_critical);
+    kv(out, "cache_dirty_noncritical", c.dirty_noncritical);
+    kv(out, "cache_throttled", c.throttled);
+    kv(out, "cache_reclaims", c.reclaims);
+    kv(out, "cache_writeback_pages", c.writeback_pages);
+    kv(out, "cache_writeback_errors", c.writeback_errors);
+}
+
+fn log(s: &Shared, out: &mut String) {
+    let engine = &s.backend.engine;
+    let l = engine.log().stats();
+    kv(out, "log_batches", l.batches);
+    kv(out, "log_records", l.records);
+    kv(out, "log_bytes_written", l.bytes_written);
+    kv(out, "log_truncations", l.truncations);
+    kv(out, "log_used_bytes", l.used_bytes);
+    kv(out, "log_capacity_bytes", l.capacity_bytes);
+    kv(
+        out,
+        "log_used_pct",
+        format!("{:.2}", engine.log().used_pct()),
+    );
+    kv(out, "log_poisoned", u8::from(engine.log().is_poisoned()));
+    let (used, all) = engine.pages();
+    kv(out, "data_pages_used", used);
+    kv(out, "data_pages", all);
+}
+
+fn inheritance(out: &mut String) {
+    let m = critio::metrics::global().snapshot();
+    for kind in InheritKind::ALL {
+        let c = m.inheritance.iter().find(|c| c.kind == kind);
+        let (b, r, x) = c.map_or((0, 0, 0), |c| (c.boosts, c.revocations, c.resolutions));
+        let _ = write!(
+            out,
+            "inherit_{}:boosts={b},revocations={r},resolutions={x}\r\n",
+            kind.as_str()
+        );
+    }
+    kv(out, "chain_steps", m.chain_steps);
+    kv(out, "chain_truncated", m.chain_truncated);
+    kv(out, "chain_cycles", m.chain_cycles);
+    kv(out, "helpers_dropped", m.helpers_dropped);
+    // Paper 000 Tables 2-3: where critical tasks waited.
+    for w in m.wait_points.iter().filter(|w| w.class == Class::Critical) {
+        let _ = write!(
+            out,
+            "critical_wait_{}:waits={},mean_ms={:.3},max_ms={:.3}\r\n",
+            key_of(&w.point),
+            w.latency.count,
+            w.latency.mean_us / 1000.0,
+            w.latency.max_us / 1000.0
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::key_of;
+
+    #[test]
+    fn wait_points_become_info_keys() {
+        assert_eq!(key_of("log: commit wait"), "log_commit_wait");
+        assert_eq!(key_of("kv: epoch"), "kv_epoch");
+        assert_eq!(key_of("non-critical"), "non_critical");
+    }
+}

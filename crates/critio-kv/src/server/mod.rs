@@ -1,0 +1,358 @@
+//! The Redis-protocol (RESP2) server: one thread per connection, each
+//! marked foreground before it reads its first request, the line paper 000
+//! added to Redis.
+//!
+//! ```text
+//!  acceptor ── max_clients? ──no──> "-ERR max number of clients reached", close
+//!     │ yes
+//!     v
+//!  connection thread: context::set_foreground()
+//!     loop: read ─> frame::parse every complete request in the buffer, in order
+//!                  ─> command::dispatch ─> engine (critical: its locks, log
+//!                     commits and page reads boost whatever they wait for)
+//!           ─> write the replies ─> read again
+//!     a protocol error: "-ERR Protocol error: ..." and close (only this client)
+//!  stop: no more accepts; each connection finishes the requests it holds,
+//!        then closes; the caller closes the engine (a final checkpoint)
+//! ```
+//!
+//! | module    | what                                                   |
+//! |-----------|--------------------------------------------------------|
+//! | `config`  | `[server]` limits, and the whole config file of `critio serve` |
+//! | `frame`   | request framing (sans-I/O), limits checked on headers   |
+//! | `conn`    | one connection's read / run / write loop               |
+//! | `command` | the command table: names, arities, dispatch            |
+//! | `data`    | the key-value commands (GET, SET, HSET, ...)           |
+//! | `admin`   | PING, INFO, CONFIG, SAVE, BGSAVE, COMMAND, ...          |
+//! | `info`    | INFO's sections                                        |
+//! | `reply`   | replies and their encoding                             |
+
+mod admin;
+mod command;
+mod config;
+mod conn;
+mod data;
+mod frame;
+mod info;
+mod reply;
+
+use std::collections::HashMap;
+use std::io::{self, Read as _, Write as _};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use critio::block::BlockLayer;
+use critio::cache::PageCache;
+use parking_lot::{Condvar, Mutex};
+
+pub use config::{FileConfig, ServerConfig, MAX_CLIENTS_LIMIT, MAX_FRAME_BYTES_RANGE};
+pub use frame::{parse, split_args, Args, Limits, Parsed, ProtocolError, INLINE_BYTES_MAX};
+pub use reply::Reply;
+
+use crate::engine::{Engine, EngineConfig};
+use crate::stack::{Scheme, Stack, StackConfig};
+
+/// Why the server could not start.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ServerError {
+    /// A `[server]` field is out of range.
+    #[error("config: `{field}` = {value} is invalid: {allowed}")]
+    Invalid {
+        /// The dotted field name.
+        field: &'static str,
+        /// The rejected value.
+        value: String,
+        /// What is allowed.
+        allowed: String,
+    },
+    /// The config file is not valid (the message names the field).
+    #[error("{0}")]
+    Parse(String),
+    /// The address cannot be bound.
+    #[error("cannot listen on {addr}: {source} (is another server using the port?)")]
+    Bind {
+        /// The address.
+        addr: String,
+        /// Why.
+        source: io::Error,
+    },
+    /// A thread could not be started.
+    #[error("cannot start a server thread: {0}")]
+    Spawn(io::Error),
+}
+
+/// What the server serves: the engine, the layers whose stats INFO shows,
+/// and how they were set up.
+#[derive(Clone)]
+pub struct Backend {
+    /// The engine.
+    pub engine: Arc<Engine>,
+    /// Its block layer.
+    pub block: Arc<BlockLayer>,
+    /// Its page cache.
+    pub cache: Arc<PageCache>,
+    /// The scheme in force.
+    pub scheme: Scheme,
+    /// The device, as named on the command line.
+    pub device: String,
+    /// The engine's configuration.
+    pub engine_config: EngineConfig,
+    /// The data directory, if there is one (CONFIG GET dir).
+    pub data_dir: Option<PathBuf>,
+}
+
+impl Backend {
+    /// The backend of an open stack.
+    pub fn of(stack: &Stack, cfg: &StackConfig) -> Backend {
+        Backend {
+            engine: stack.engine.clone(),
+            block: stack.block.clone(),
+            cache: stack.cache.clone(),
+            scheme: cfg.scheme,
+            device: cfg.device.to_string(),
+            engine_config: cfg.engine,
+            data_dir: None,
+        }
+    }
+}
+
+/// Server-wide counters (INFO stats).
+#[derive(Default)]
+pub(crate) struct Stats {
+    pub connections_received: AtomicU64,
+    pub rejected_connections: AtomicU64,
+    pub commands_processed: AtomicU64,
+    pub protocol_errors: AtomicU64,
+    pub error_replies: AtomicU64,
+    pub net_input_bytes: AtomicU64,
+    pub net_output_bytes: AtomicU64,
+    pub keyspace_hits: AtomicU64,
+    pub keyspace_misses: AtomicU64,
+}
+
+impl Stats {
+    pub(crate) fn add(counter: &AtomicU64, n: u64) {
+        counter.fetch_add(n, Ordering::Relaxed);
+    }
+
+    fn reset(&self) {
+        for c in [
+            &self.connections_received,
+            &self.rejected_connections,
+            &self.commands_processed,
+            &self.protocol_errors,
+            &self.error_replies,
+            &self.net_input_bytes,
+            &self.net_output_bytes,
+            &self.keyspace_hits,
+            &self.keyspace_misses,
+        ] {
+            c.store(0, Ordering::Relaxed);
+        }
+    }
+}
+
+/// The open connections: a handle on each socket so a stop can end its
+/// reads.
+#[derive(Default)]
+struct Clients {
+    next_id: u64,
+    open: HashMap<u64, TcpStream>,
+}
+
+/// What the acceptor and the connection threads share.
+pub(crate) struct Shared {
+    pub cfg: ServerConfig,
+    pub backend: Backend,
+    pub addr: SocketAddr,
+    pub started: Instant,
+    pub stats: Stats,
+    pub jobs: info::JobLog,
+    clients: Mutex<Clients>,
+    clients_cv: Condvar,
+    stopping: AtomicBool,
+}
+
+impl Shared {
+    /// Clients connected now.
+    pub(crate) fn connected(&self) -> usize {
+        self.clients.lock().open.len()
+    }
+
+    /// Registers an accepted connection; None if the server is full or
+    /// stopping.
+    fn admit(&self, stream: &TcpStream) -> Option<u64> {
+        let mut c = self.clients.lock();
+        if self.stopping.load(Ordering::SeqCst) || c.open.len() >= self.cfg.max_clients as usize {
+            return None;
+        }
+        let handle = stream.try_clone().ok()?;
+        c.next_id += 1;
+        let id = c.next_id;
+        c.open.insert(id, handle);
+        Some(id)
+    }
+
+    fn leave(&self, id: u64) {
+        let mut c = self.clients.lock();
+        c.open.remove(&id);
+        self.clients_cv.notify_all();
+    }
+}
+
+/// A running server. [`Server::shutdown`] stops it; dropping it does too.
+pub struct Server {
+    shared: Arc<Shared>,
+    acceptor: Option<JoinHandle<()>>,
+}
+
+impl Server {
+    /// Binds `cfg.bind` and starts accepting.
+    pub fn start(cfg: ServerConfig, backend: Backend) -> Result<Server, ServerError> {
+        cfg.validate()?;
+        let listener = TcpListener::bind(&cfg.bind).map_err(|source| ServerError::Bind {
+            addr: cfg.bind.clone(),
+            source,
+        })?;
+        let addr = listener.local_addr().map_err(|source| ServerError::Bind {
+            addr: cfg.bind.clone(),
+            source,
+        })?;
+        let shared = Arc::new(Shared {
+            cfg,
+            backend,
+            addr,
+            started: Instant::now(),
+            stats: Stats::default(),
+            jobs: info::JobLog::default(),
+            clients: Mutex::new(Clients::default()),
+            clients_cv: Condvar::new(),
+            stopping: AtomicBool::new(false),
+        });
+        let acceptor = {
+            let shared = shared.clone();
+            std::thread::Builder::new()
+                .name("kv-acceptor".into())
+                .spawn(move || accept_loop(&shared, &listener))
+                .map_err(ServerError::Spawn)?
+        };
+        Ok(Server {
+            shared,
+            acceptor: Some(acceptor),
+        })
+    }
+
+    /// The address it listens on (with the port chosen if `bind` gave 0).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.shared.addr
+    }
+
+    /// Clients connected now.
+    pub fn connected(&self) -> usize {
+        self.shared.connected()
+    }
+
+    /// The text `INFO` would reply with for `sections` (all if empty).
+    pub fn info(&self, sections: &[&str]) -> String {
+        let args: Vec<&[u8]> = sections.iter().map(|s| s.as_bytes()).collect();
+        info::render(&self.shared, &args)
+    }
+
+    /// Stops accepting, lets every connection finish the requests it has
+    /// received, and waits for them (at most `shutdown_timeout_ms`, then
+    /// their sockets are shut). Returns how many connections were still
+    /// running a command when it gave up (0 normally).
+    pub fn shutdown(mut self) -> usize {
+        self.stop()
+    }
+
+    fn stop(&mut self) -> usize {
+        let Some(acceptor) = self.acceptor.take() else {
+            return 0;
+        };
+        self.shared.stopping.store(true, Ordering::SeqCst);
+        wake_acceptor(self.shared.addr);
+        let _ = acceptor.join();
+        let deadline = Instant::now() + Duration::from_millis(self.shared.cfg.shutdown_timeout_ms);
+        let mut c = self.shared.clients.lock();
+        for s in c.open.values() {
+            let _ = s.shutdown(Shutdown::Read);
+        }
+        while !c.open.is_empty() && Instant::now() < deadline {
+            self.shared.clients_cv.wait_until(&mut c, deadline);
+        }
+        for s in c.open.values() {
+            let _ = s.shutdown(Shutdown::Both);
+        }
+        c.open.len()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Unblocks the acceptor's `accept` with a connection of our own.
+fn wake_acceptor(addr: SocketAddr) {
+    let mut target = addr;
+    if target.ip().is_unspecified() {
+        target.set_ip(match addr {
+            SocketAddr::V4(_) => std::net::Ipv4Addr::LOCALHOST.into(),
+            SocketAddr::V6(_) => std::net::Ipv6Addr::LOCALHOST.into(),
+        });
+    }
+    let _ = TcpStream::connect_timeout(&target, Duration::from_secs(1));
+}
+
+/// Tells a client over the limit, and closes its connection without
+/// blocking the acceptor. What it already sent is read and dropped first,
+/// so the close does not reset the connection before the error arrives.
+fn turn_away(stream: &mut TcpStream) {
+    let _ = stream.write_all(b"-ERR max number of clients reached\r\n");
+    let _ = stream.shutdown(Shutdown::Write);
+    if stream.set_nonblocking(true).is_ok() {
+        let mut sink = [0u8; 4096];
+        while matches!(stream.read(&mut sink), Ok(n) if n > 0) {}
+    }
+}
+
+fn accept_loop(shared: &Arc<Shared>, listener: &TcpListener) {
+    for stream in listener.incoming() {
+        if shared.stopping.load(Ordering::SeqCst) {
+            return;
+        }
+        let mut stream = match stream {
+            Ok(s) => s,
+            Err(e) => {
+                // Out of file descriptors and the like: say so, back off.
+                eprintln!("critio-kv: accept: {e}");
+                std::thread::sleep(Duration::from_millis(10));
+                continue;
+            }
+        };
+        Stats::add(&shared.stats.connections_received, 1);
+        let Some(id) = shared.admit(&stream) else {
+            Stats::add(&shared.stats.rejected_connections, 1);
+            turn_away(&mut stream);
+            continue;
+        };
+        let s = shared.clone();
+        let spawned = std::thread::Builder::new()
+            .name(format!("kv-conn-{id}"))
+            .spawn(move || {
+                conn::run(&s, stream, id);
+                s.leave(id);
+            });
+        if let Err(e) = spawned {
+            eprintln!("critio-kv: cannot start a connection thread: {e}");
+            shared.leave(id);
+        }
+    }
+}

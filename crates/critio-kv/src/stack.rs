@@ -1,0 +1,225 @@
+//! The whole I/O stack of one store, assembled from a scheme and a config:
+//! device, block layer, page cache, log and engine.
+//!
+//! Schemes (DESIGN.md section 7) are named configurations of the same stack,
+//! so experiments compare them in one run:
+//!
+//! | scheme        | block layer              | cache dirty limits | inheritance (locks, condvars, I/O) | device priority           |
+//! |---------------|--------------------------|--------------------|------------------------------------|---------------------------|
+//! | `none`        | one FIFO                 | one shared limit   | off                                | off                       |
+//! | `kernel-idle` | classes by task (the kernel's idle class), no cap | one shared limit | off            | RT / IDLE (file devices)  |
+//! | `static`      | classes by task, cap     | per class          | off                                | levels                    |
+//! | `sync-first`  | classes by sync/async    | one shared limit   | off                                | levels                    |
+//! | `rcp`         | classes by task, cap, promotion | per class   | on                                 | levels                    |
+//!
+//! `kernel-idle` is the best a user can do today with `ionice -c3` on the
+//! background threads: the I/O scheduler serves idle-class requests only
+//! when nothing else waits, and nothing else in the stack knows about it.
+
+use std::fmt;
+use std::str::FromStr;
+use std::sync::Arc;
+
+use critio::block::{BlockLayer, BlockScheme, NoncriticalCap};
+use critio::cache::PageCache;
+use critio::config::Config;
+use critio::device::uring::ClassPriorities;
+use critio::device::{Device, DeviceSpec, OpenOptions};
+use serde::{Deserialize, Serialize};
+
+use crate::engine::{Engine, EngineConfig, EngineError, Parts};
+
+/// A named configuration of the stack.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Scheme {
+    /// No classes anywhere (Linux's default behaviour).
+    None,
+    /// Background threads in the kernel's idle class; priority only at the
+    /// I/O scheduler.
+    KernelIdle,
+    /// Foreground first in every layer, no inheritance.
+    Static,
+    /// Synchronous I/O first.
+    SyncFirst,
+    /// Request-centric prioritization: everything on.
+    #[default]
+    Rcp,
+}
+
+impl Scheme {
+    /// Every scheme, in table order.
+    pub const ALL: [Scheme; 5] = [
+        Scheme::None,
+        Scheme::KernelIdle,
+        Scheme::Static,
+        Scheme::SyncFirst,
+        Scheme::Rcp,
+    ];
+
+    /// The name used on command lines and in tables.
+    pub fn name(self) -> &'static str {
+        match self {
+            Scheme::None => "none",
+            Scheme::KernelIdle => "kernel-idle",
+            Scheme::Static => "static",
+            Scheme::SyncFirst => "sync-first",
+            Scheme::Rcp => "rcp",
+        }
+    }
+
+    /// `base` with this scheme's switches applied.
+    pub fn apply(self, base: &Config) -> Config {
+        let mut c = base.clone();
+        let (block, dirty_limits, inheritance) = match self {
+            Scheme::None => (BlockScheme::None, false, false),
+            Scheme::KernelIdle => (BlockScheme::Static, false, false),
+            Scheme::Static => (BlockScheme::Static, true, false),
+            Scheme::SyncFirst => (BlockScheme::SyncFirst, false, false),
+            Scheme::Rcp => (BlockScheme::Rcp, true, true),
+        };
+        c.block.scheme = block;
+        c.cache.dirty_limits = dirty_limits;
+        c.sync.inheritance = inheritance;
+        if self == Scheme::KernelIdle {
+            // An idle-class queue: no cap on background at the device.
+            c.block.noncritical_cap = NoncriticalCap::Fixed(0);
+        }
+        c
+    }
+
+    /// The kernel priorities a file device gets under this scheme.
+    pub fn device_priorities(self) -> Option<ClassPriorities> {
+        match self {
+            Scheme::None => None,
+            Scheme::KernelIdle => Some(ClassPriorities::default()),
+            _ => Some(ClassPriorities::LEVELS),
+        }
+    }
+}
+
+impl fmt::Display for Scheme {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Scheme {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        Scheme::ALL
+            .into_iter()
+            .find(|x| x.name() == s)
+            .ok_or_else(|| {
+                format!("`{s}` is not a scheme: use none, kernel-idle, static, sync-first or rcp")
+            })
+    }
+}
+
+/// Everything needed to open a store.
+#[derive(Clone, Debug)]
+pub struct StackConfig {
+    /// The device.
+    pub device: DeviceSpec,
+    /// Size of a simulated or memory device, or of a file created for it.
+    pub capacity: u64,
+    /// Seed of a simulated device.
+    pub seed: u64,
+    /// The scheme.
+    pub scheme: Scheme,
+    /// critio's layers (the scheme's switches are applied on top).
+    pub critio: Config,
+    /// The engine.
+    pub engine: EngineConfig,
+    /// A change applied after the scheme's switches (the ablation runs of
+    /// the experiments switch one component off this way).
+    pub tweak: Option<fn(&mut Config)>,
+}
+
+/// critio's defaults with a log sized for key-value writes (a record holds
+/// the largest value; a batch, several).
+pub fn default_critio_config() -> Config {
+    let mut c = Config::default();
+    c.log.record_bytes_max = 4 << 20;
+    c.log.batch_bytes_max = 8 << 20;
+    c.log.pending_bytes_max = 16 << 20;
+    c
+}
+
+impl Default for StackConfig {
+    fn default() -> Self {
+        Self {
+            device: DeviceSpec::Sim {
+                profile: critio::device::sim::Profile::Ssd,
+                file: None,
+            },
+            capacity: 1 << 30,
+            seed: 1,
+            scheme: Scheme::Rcp,
+            critio: default_critio_config(),
+            engine: EngineConfig::default(),
+            tweak: None,
+        }
+    }
+}
+
+/// An open store and the layers under it.
+pub struct Stack {
+    /// The device.
+    pub device: Arc<dyn Device>,
+    /// The block layer.
+    pub block: Arc<BlockLayer>,
+    /// The page cache.
+    pub cache: Arc<PageCache>,
+    /// The engine.
+    pub engine: Arc<Engine>,
+    /// The configuration in force (with the scheme applied).
+    pub config: Config,
+}
+
+impl Stack {
+    /// Opens the device and everything above it, recovering the store.
+    pub fn open(cfg: &StackConfig) -> Result<Stack, EngineError> {
+        let mut config = cfg.scheme.apply(&cfg.critio);
+        if let Some(tweak) = cfg.tweak {
+            tweak(&mut config);
+        }
+        config
+            .validate()
+            .map_err(|e| EngineError::Config(e.to_string()))?;
+        let opts = OpenOptions {
+            capacity: cfg.capacity,
+            seed: cfg.seed,
+            priorities: cfg.scheme.device_priorities(),
+        };
+        let device = cfg
+            .device
+            .open(opts)
+            .map_err(|e| EngineError::Config(e.to_string()))?;
+        if config.context.kernel_mirror {
+            critio::context::set_kernel_mirror(Some(ClassPriorities::LEVELS));
+        }
+        let block = Arc::new(
+            BlockLayer::new(device.clone(), config.block)
+                .map_err(|e| EngineError::Config(e.to_string()))?,
+        );
+        let cache = Arc::new(
+            PageCache::new(block.clone(), config.cache, &config.sync)
+                .map_err(|e| EngineError::Config(e.to_string()))?,
+        );
+        let parts = Parts {
+            block: block.clone(),
+            cache: cache.clone(),
+            sync: config.sync.clone(),
+        };
+        let engine = Arc::new(Engine::open(parts, cfg.engine, config.log)?);
+        Ok(Stack {
+            device,
+            block,
+            cache,
+            engine,
+            config,
+        })
+    }
+}

@@ -1,0 +1,331 @@
+//! The storage engine on its own: every operation, reopening, data several
+//! times the cache, large values, background jobs, and crash consistency
+//! under simulated power cuts (seeded, many seeds).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use critio::block::{BlockConfig, BlockLayer};
+use critio::cache::{CacheConfig, PageCache};
+use critio::config::SyncConfig;
+use critio::device::faulty::{FaultConfig, FaultyDevice};
+use critio::device::mem::MemDevice;
+use critio::device::Device;
+use critio::log::LogConfig;
+use critio_kv::engine::{Engine, EngineConfig, EngineError, Parts, SetOptions};
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+
+const MIB: u64 = 1 << 20;
+
+fn small_config() -> EngineConfig {
+    EngineConfig {
+        buckets: 256,
+        log_bytes: 4 * MIB,
+        checkpoint_interval_ms: 0,
+        value_bytes_max: 256 << 10,
+        ..EngineConfig::default()
+    }
+}
+
+fn log_config() -> LogConfig {
+    LogConfig {
+        record_bytes_max: 512 << 10,
+        batch_bytes_max: MIB,
+        pending_bytes_max: 2 * MIB,
+        ..LogConfig::default()
+    }
+}
+
+fn open_on(dev: Arc<dyn Device>, cache_bytes: u64) -> Result<Engine, EngineError> {
+    let block = Arc::new(BlockLayer::new(dev, BlockConfig::default()).unwrap());
+    let cache_cfg = CacheConfig {
+        capacity_bytes: cache_bytes,
+        ..CacheConfig::default()
+    };
+    let cache = Arc::new(PageCache::new(block.clone(), cache_cfg, &SyncConfig::default()).unwrap());
+    let parts = Parts {
+        block,
+        cache,
+        sync: SyncConfig::default(),
+    };
+    Engine::open(parts, small_config(), log_config())
+}
+
+fn set(e: &Engine, k: &str, v: &[u8]) {
+    assert!(e.set(k.as_bytes(), v, SetOptions::default()).unwrap());
+}
+
+#[test]
+fn every_operation_behaves_like_redis() {
+    let e = open_on(Arc::new(MemDevice::new(32 * MIB)), MIB).unwrap();
+    set(&e, "a", b"1");
+    assert_eq!(e.get(b"a").unwrap(), Some(b"1".to_vec()));
+    assert!(!e
+        .set(
+            b"a",
+            b"2",
+            SetOptions {
+                nx: true,
+                ..SetOptions::default()
+            }
+        )
+        .unwrap());
+    assert!(!e
+        .set(
+            b"b",
+            b"2",
+            SetOptions {
+                xx: true,
+                ..SetOptions::default()
+            }
+        )
+        .unwrap());
+    assert_eq!(e.incr_by(b"a", 41).unwrap(), 42);
+    assert_eq!(e.incr_by(b"n", -3).unwrap(), -3);
+    set(&e, "s", b"x");
+    assert!(matches!(e.incr_by(b"s", 1), Err(EngineError::NotInteger)));
+    assert_eq!(e.hset(b"h", &[(b"f1", b"v1"), (b"f2", b"v2")]).unwrap(), 2);
+    assert_eq!(e.hset(b"h", &[(b"f1", b"v3")]).unwrap(), 0);
+    assert_eq!(e.hget(b"h", b"f1").unwrap(), Some(b"v3".to_vec()));
+    assert!(matches!(e.get(b"h"), Err(EngineError::WrongType)));
+    assert!(matches!(
+        e.hset(b"a", &[(b"f", b"v")]),
+        Err(EngineError::WrongType)
+    ));
+    assert_eq!(e.hgetall(b"h").unwrap().len(), 2);
+    assert_eq!(e.hdel(b"h", &[b"f1", b"zz"]).unwrap(), 1);
+    assert_eq!(e.hdel(b"h", &[b"f2"]).unwrap(), 1);
+    assert_eq!(e.exists(&[b"h"]).unwrap(), 0, "an emptied hash is gone");
+    e.mset(&[(b"m1", b"x"), (b"m2", b"y")]).unwrap();
+    assert_eq!(
+        e.mget(&[b"m1", b"nope", b"m2"]).unwrap(),
+        vec![Some(b"x".to_vec()), None, Some(b"y".to_vec())]
+    );
+    assert_eq!(e.exists(&[b"m1", b"m1", b"nope"]).unwrap(), 2);
+    assert_eq!(e.del(&[b"m1", b"m1", b"nope"]).unwrap(), 1);
+    assert_eq!(e.dbsize(), 4, "a, n, s, m2: m1 deleted, the hash emptied");
+    let past = SetOptions {
+        expire_at_ms: Some(1),
+        ..SetOptions::default()
+    };
+    e.set(b"old", b"v", past).unwrap();
+    assert_eq!(e.get(b"old").unwrap(), None, "expired");
+    e.flushall().unwrap();
+    assert_eq!(e.dbsize(), 0);
+    assert_eq!(e.get(b"a").unwrap(), None);
+    let long = vec![b'k'; 2000];
+    assert!(matches!(
+        e.set(&long, b"v", SetOptions::default()),
+        Err(EngineError::KeyTooLarge { .. })
+    ));
+    let huge = vec![0u8; 300 << 10];
+    assert!(matches!(
+        e.set(b"big", &huge, SetOptions::default()),
+        Err(EngineError::ValueTooLarge { .. })
+    ));
+    e.close().unwrap();
+}
+
+#[test]
+fn data_several_times_the_cache_with_large_values_survives_reopening() {
+    let dev: Arc<dyn Device> = Arc::new(MemDevice::new(64 * MIB));
+    let mut rng = SmallRng::seed_from_u64(5);
+    let mut model: HashMap<Vec<u8>, Vec<u8>> = HashMap::new();
+    {
+        let e = open_on(dev.clone(), MIB).unwrap();
+        for i in 0..3000 {
+            let key = format!("key{}", rng.gen_range(0..2000)).into_bytes();
+            let len = if i % 50 == 0 {
+                rng.gen_range(3000..100_000)
+            } else {
+                rng.gen_range(0..1500)
+            };
+            let value: Vec<u8> = (0..len).map(|_| rng.gen()).collect();
+            e.set(&key, &value, SetOptions::default()).unwrap();
+            model.insert(key, value);
+            if i % 700 == 0 {
+                e.save().unwrap();
+            }
+        }
+        assert_eq!(e.dbsize(), model.len() as u64);
+        for (k, v) in model.iter().take(200) {
+            assert_eq!(e.get(k).unwrap().as_ref(), Some(v));
+        }
+        e.close().unwrap();
+    }
+    let e = open_on(dev, MIB).unwrap();
+    assert_eq!(e.dbsize(), model.len() as u64);
+    for (k, v) in &model {
+        assert_eq!(
+            e.get(k).unwrap().as_ref(),
+            Some(v),
+            "key {:?}",
+            String::from_utf8_lossy(k)
+        );
+    }
+    e.close().unwrap();
+}
+
+#[test]
+fn log_records_after_the_last_checkpoint_are_replayed_on_reopen() {
+    let dev: Arc<dyn Device> = Arc::new(MemDevice::new(32 * MIB));
+    {
+        let e = open_on(dev.clone(), MIB).unwrap();
+        set(&e, "before", b"1");
+        e.save().unwrap();
+        set(&e, "after", b"2");
+        e.incr_by(b"count", 5).unwrap();
+        e.hset(b"h", &[(b"f", b"v")]).unwrap();
+        // No close: the engine is dropped without a final checkpoint.
+    }
+    let e = open_on(dev, MIB).unwrap();
+    assert_eq!(e.get(b"before").unwrap(), Some(b"1".to_vec()));
+    assert_eq!(e.get(b"after").unwrap(), Some(b"2".to_vec()));
+    assert_eq!(e.get(b"count").unwrap(), Some(b"5".to_vec()));
+    assert_eq!(e.hget(b"h", b"f").unwrap(), Some(b"v".to_vec()));
+    assert_eq!(e.dbsize(), 4);
+    e.close().unwrap();
+}
+
+#[test]
+fn background_jobs_complete_while_writes_go_on() {
+    let e = Arc::new(open_on(Arc::new(MemDevice::new(32 * MIB)), MIB).unwrap());
+    for i in 0..500 {
+        set(&e, &format!("k{i}"), &[7; 900]);
+    }
+    let past = SetOptions {
+        expire_at_ms: Some(1),
+        ..SetOptions::default()
+    };
+    for i in 0..50 {
+        e.set(format!("gone{i}").as_bytes(), b"x", past).unwrap();
+    }
+    e.bgsave().unwrap();
+    assert!(matches!(e.bgsave(), Err(EngineError::Busy(_))) || !e.background_running().0);
+    for i in 0..200 {
+        set(&e, &format!("k{i}"), &[8; 900]);
+    }
+    while e.background_running().0 {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    e.bgrewrite().unwrap();
+    while e.background_running().1 {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    let s = e.background_stats();
+    assert_eq!(s.snapshots, 1, "{s:?}");
+    assert!(s.last_snapshot_keys >= 500, "{s:?}");
+    assert_eq!(s.rewrites, 1);
+    assert!(s.last_error.is_none(), "{s:?}");
+    assert_eq!(e.dbsize(), 500, "the rewrite dropped the expired keys");
+    assert_eq!(e.get(b"k3").unwrap(), Some(vec![8; 900]));
+    e.close().unwrap();
+}
+
+/// Writes acknowledged keys, cuts the power at a seeded moment, restarts,
+/// and checks every acknowledged write.
+fn power_cut_round(seed: u64) {
+    let faults = FaultConfig {
+        seed,
+        torn_writes: seed % 2 == 0,
+        ..FaultConfig::default()
+    };
+    let dev = Arc::new(FaultyDevice::new(Arc::new(MemDevice::new(48 * MIB)), faults).unwrap());
+    let mut rng = SmallRng::seed_from_u64(seed);
+    // Every acknowledged value of each key, in order (the last must win).
+    let mut acked: HashMap<Vec<u8>, Vec<Vec<u8>>> = HashMap::new();
+    let check = |round: usize, acked: &HashMap<Vec<u8>, Vec<Vec<u8>>>| {
+        let e = match open_on(dev.clone(), MIB) {
+            Ok(e) => e,
+            Err(err) => panic!("reopen failed in round {round}: {err}; reproduce with SEED={seed}"),
+        };
+        for (k, versions) in acked {
+            let got = e.get(k).unwrap();
+            let last = versions.last().expect("at least one version");
+            if got.as_ref() != Some(last) {
+                let which = got
+                    .as_ref()
+                    .and_then(|g| versions.iter().position(|v| v == g));
+                panic!(
+                    "key {:?} in round {round}: expected version {} of {}, got {}; reproduce with SEED={seed}",
+                    String::from_utf8_lossy(k),
+                    versions.len() - 1,
+                    versions.len(),
+                    match (got, which) {
+                        (None, _) => "nothing".to_owned(),
+                        (Some(_), Some(i)) => format!("the older version {i}"),
+                        (Some(g), None) => format!("an unknown value of {} bytes", g.len()),
+                    }
+                );
+            }
+        }
+        e
+    };
+    for round in 0..3 {
+        let e = check(round, &acked);
+        let writes = rng.gen_range(50..400);
+        let cut_at = rng.gen_range(0..writes);
+        let save_at = rng.gen_range(0..writes);
+        let e = Arc::new(e);
+        let (mut ok_before, mut failed_after) = (0, 0);
+        let mut saver = None;
+        for i in 0..writes {
+            if i == save_at {
+                let e2 = e.clone();
+                saver = Some(std::thread::spawn(move || {
+                    let _ = e2.save();
+                }));
+            }
+            if i == cut_at {
+                dev.power_cut().unwrap();
+            }
+            let key = format!("k{}", rng.gen_range(0..300)).into_bytes();
+            let len = if rng.gen_ratio(1, 20) {
+                rng.gen_range(3000..20_000)
+            } else {
+                rng.gen_range(1..600)
+            };
+            let value: Vec<u8> = (0..len).map(|_| rng.gen()).collect();
+            match e.set(&key, &value, SetOptions::default()) {
+                Ok(_) => {
+                    acked.entry(key).or_default().push(value);
+                    ok_before += usize::from(i < cut_at);
+                }
+                Err(_) => failed_after += usize::from(i >= cut_at),
+            }
+        }
+        assert!(
+            ok_before == cut_at,
+            "writes before the cut failed; reproduce with SEED={seed}"
+        );
+        assert!(
+            failed_after > 0 || writes - cut_at <= 1,
+            "writes after the cut were acknowledged; SEED={seed}"
+        );
+        if cut_at >= writes {
+            dev.power_cut().unwrap();
+        }
+        // A power cut ends the process: every thread of the old engine must
+        // be gone before the device comes back, or its writeback and
+        // checkpoints would write state a real crash never could.
+        if let Some(t) = saver {
+            t.join().unwrap();
+        }
+        assert_eq!(Arc::strong_count(&e), 1, "the old engine is still shared");
+        drop(e);
+        dev.restart();
+    }
+    check(3, &acked).close().unwrap();
+}
+
+#[test]
+fn every_acknowledged_write_survives_power_cuts() {
+    let seeds: Vec<u64> = match std::env::var("SEED") {
+        Ok(s) => vec![s.parse().expect("SEED is a number")],
+        Err(_) => (1..=12).collect(),
+    };
+    for seed in seeds {
+        power_cut_round(seed);
+    }
+}

@@ -1,0 +1,585 @@
+//! The server end to end, through the `redis` client and raw sockets: every
+//! command with real replies, pipelining, many concurrent clients, bad
+//! input (malformed and oversized frames, oversized values, unknown
+//! commands, wrong arity), the client limit, device errors, idle timeout
+//! and a clean stop.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use critio::block::{BlockConfig, BlockLayer};
+use critio::cache::{CacheConfig, PageCache};
+use critio::config::SyncConfig;
+use critio::device::faulty::{FaultConfig, FaultyDevice};
+use critio::device::mem::MemDevice;
+use critio::device::DeviceSpec;
+use critio_kv::engine::{Engine, EngineConfig, Parts};
+use critio_kv::server::{Backend, Server, ServerConfig};
+use critio_kv::stack::{default_critio_config, Scheme, Stack, StackConfig};
+use redis::{Commands, Connection, FromRedisValue, RedisResult, Value};
+
+const MIB: u64 = 1 << 20;
+/// The test servers' largest value.
+const VALUE_MAX: usize = 64 << 10;
+/// The test servers' largest frame.
+const FRAME_MAX: u64 = 256 << 10;
+
+fn engine_config() -> EngineConfig {
+    EngineConfig {
+        buckets: 1024,
+        log_bytes: 4 * MIB,
+        value_bytes_max: VALUE_MAX,
+        checkpoint_interval_ms: 200,
+        ..EngineConfig::default()
+    }
+}
+
+fn stack_config() -> StackConfig {
+    let mut critio = default_critio_config();
+    critio.cache.capacity_bytes = 4 * MIB;
+    critio.log.record_bytes_max = 256 << 10;
+    critio.log.batch_bytes_max = MIB;
+    critio.log.pending_bytes_max = 2 * MIB;
+    StackConfig {
+        device: DeviceSpec::Mem,
+        capacity: 64 * MIB,
+        seed: 1,
+        scheme: Scheme::Rcp,
+        critio,
+        engine: engine_config(),
+        ..StackConfig::default()
+    }
+}
+
+fn server_config() -> ServerConfig {
+    ServerConfig {
+        bind: "127.0.0.1:0".into(),
+        max_frame_bytes: FRAME_MAX,
+        max_clients: 64,
+        ..ServerConfig::default()
+    }
+}
+
+/// A server over a fresh in-memory store.
+fn start(cfg: ServerConfig) -> (Server, Stack) {
+    let sc = stack_config();
+    let stack = Stack::open(&sc).expect("open the stack");
+    let server = Server::start(cfg, Backend::of(&stack, &sc)).expect("start the server");
+    (server, stack)
+}
+
+fn client(addr: SocketAddr) -> Connection {
+    let c = redis::Client::open(format!("redis://{addr}/")).unwrap();
+    c.get_connection_with_timeout(Duration::from_secs(5))
+        .unwrap()
+}
+
+fn raw(addr: SocketAddr) -> TcpStream {
+    let s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    s
+}
+
+/// Sends `bytes` and reads until `n` CRLF-ended lines arrived (or EOF).
+fn exchange(s: &mut TcpStream, bytes: &[u8], n: usize) -> String {
+    s.write_all(bytes).unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    while got.windows(2).filter(|w| w == b"\r\n").count() < n {
+        match s.read(&mut buf) {
+            Ok(0) => break,
+            Ok(k) => got.extend_from_slice(&buf[..k]),
+            Err(e) => panic!("read: {e} after {:?}", String::from_utf8_lossy(&got)),
+        }
+    }
+    String::from_utf8_lossy(&got).into_owned()
+}
+
+/// True if the server closed `s` (EOF or reset) within 5 s.
+fn closed(s: &mut TcpStream) -> bool {
+    let mut buf = [0u8; 64];
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) => return true,
+            Ok(_) => continue,
+            Err(e) => return e.kind() != std::io::ErrorKind::WouldBlock,
+        }
+    }
+}
+
+fn err_text(e: redis::RedisError) -> String {
+    format!("{} {}", e.code().unwrap_or(""), e.detail().unwrap_or(""))
+}
+
+/// Runs one command given as words.
+fn q<T: FromRedisValue>(c: &mut Connection, words: &[&str]) -> RedisResult<T> {
+    let mut cmd = redis::cmd(words[0]);
+    for w in &words[1..] {
+        cmd.arg(*w);
+    }
+    cmd.query(c)
+}
+
+/// Runs one command that must succeed.
+fn ok<T: FromRedisValue>(c: &mut Connection, words: &[&str]) -> T {
+    q(c, words).unwrap_or_else(|e| panic!("{words:?}: {e}"))
+}
+
+/// Runs one command that must fail; its error code and message.
+fn fails(c: &mut Connection, words: &[&str]) -> String {
+    err_text(q::<Value>(c, words).expect_err("an error reply"))
+}
+
+fn get(c: &mut Connection, key: &str) -> Option<String> {
+    ok(c, &["GET", key])
+}
+
+#[test]
+fn string_commands_reply_like_redis() {
+    let (server, _stack) = start(server_config());
+    let mut c = client(server.local_addr());
+    assert_eq!(ok::<String>(&mut c, &["PING"]), "PONG");
+    assert_eq!(ok::<String>(&mut c, &["ECHO", "hi there"]), "hi there");
+    assert_eq!(ok::<String>(&mut c, &["SET", "k", "v"]), "OK");
+    assert_eq!(get(&mut c, "k").as_deref(), Some("v"));
+    assert_eq!(get(&mut c, "missing"), None);
+    assert_eq!(ok::<Option<String>>(&mut c, &["SET", "k", "w", "NX"]), None);
+    assert_eq!(
+        ok::<Option<String>>(&mut c, &["SET", "nope", "w", "XX"]),
+        None
+    );
+    let set: Option<String> = ok(&mut c, &["SET", "k", "w", "XX"]);
+    assert_eq!(set.as_deref(), Some("OK"));
+    assert_eq!(get(&mut c, "k").as_deref(), Some("w"));
+    assert_eq!(ok::<u64>(&mut c, &["EXISTS", "k", "k", "zz"]), 2);
+    assert_eq!(ok::<u64>(&mut c, &["DEL", "k", "zz", "k"]), 1);
+    assert_eq!(ok::<String>(&mut c, &["MSET", "a", "1", "b", "2"]), "OK");
+    let got: Vec<Option<String>> = ok(&mut c, &["MGET", "a", "x", "b"]);
+    assert_eq!(got, vec![Some("1".into()), None, Some("2".into())]);
+    assert_eq!(ok::<i64>(&mut c, &["INCR", "n"]), 1);
+    assert_eq!(ok::<i64>(&mut c, &["INCRBY", "n", "41"]), 42);
+    assert_eq!(ok::<i64>(&mut c, &["DECR", "n"]), 41);
+    assert_eq!(ok::<i64>(&mut c, &["DECRBY", "n", "50"]), -9);
+    assert_eq!(ok::<i64>(&mut c, &["INCR", "a"]), 2);
+    ok::<()>(&mut c, &["SET", "s", "text"]);
+    assert!(fails(&mut c, &["INCR", "s"]).contains("not an integer"));
+    assert!(fails(&mut c, &["INCRBY", "n", "x"]).contains("not an integer"));
+    assert!(fails(&mut c, &["SET", "k", "v", "NX", "XX"]).contains("syntax error"));
+    let e = fails(&mut c, &["SET", "k", "v", "EX", "0"]);
+    assert!(e.contains("invalid expire time in 'set' command"), "{e}");
+    assert!(ok::<u64>(&mut c, &["DBSIZE"]) >= 4);
+    ok::<()>(&mut c, &["FLUSHDB"]);
+    assert_eq!(ok::<u64>(&mut c, &["DBSIZE"]), 0);
+    ok::<()>(&mut c, &["SET", "k", "v"]);
+    ok::<()>(&mut c, &["FLUSHALL", "ASYNC"]);
+    assert_eq!(ok::<u64>(&mut c, &["DBSIZE"]), 0);
+}
+
+#[test]
+fn set_expiry_options() {
+    let (server, _stack) = start(server_config());
+    let mut c = client(server.local_addr());
+    ok::<()>(&mut c, &["SET", "px", "1", "PX", "100"]);
+    ok::<()>(&mut c, &["SET", "ex", "1", "EX", "100"]);
+    ok::<()>(&mut c, &["SET", "past", "1", "EXAT", "1"]);
+    ok::<()>(&mut c, &["SET", "pxat", "1", "PXAT", "99999999999999"]);
+    assert_eq!(get(&mut c, "px").as_deref(), Some("1"));
+    assert_eq!(get(&mut c, "past"), None);
+    std::thread::sleep(Duration::from_millis(150));
+    assert_eq!(get(&mut c, "px"), None);
+    assert_eq!(get(&mut c, "ex").as_deref(), Some("1"));
+    assert_eq!(get(&mut c, "pxat").as_deref(), Some("1"));
+    assert!(fails(&mut c, &["SET", "k", "v", "EX", "1", "PX", "1"]).contains("syntax error"));
+    assert!(fails(&mut c, &["SET", "k", "v", "GET"]).contains("not supported"));
+}
+
+#[test]
+fn hash_commands_and_wrongtype() {
+    let (server, _stack) = start(server_config());
+    let mut c = client(server.local_addr());
+    assert_eq!(ok::<u64>(&mut c, &["HSET", "h", "f1", "a", "f2", "b"]), 2);
+    assert_eq!(ok::<u64>(&mut c, &["HSET", "h", "f1", "c", "f3", "d"]), 1);
+    assert_eq!(ok::<String>(&mut c, &["HMSET", "h", "f4", "e"]), "OK");
+    assert_eq!(ok::<String>(&mut c, &["HGET", "h", "f1"]), "c");
+    assert_eq!(ok::<Option<String>>(&mut c, &["HGET", "h", "zz"]), None);
+    let all: Vec<String> = ok(&mut c, &["HGETALL", "h"]);
+    assert_eq!(all, ["f1", "c", "f2", "b", "f3", "d", "f4", "e"]);
+    assert_eq!(ok::<u64>(&mut c, &["HDEL", "h", "f1", "f2", "zz"]), 2);
+    assert!(ok::<Vec<String>>(&mut c, &["HGETALL", "nothing"]).is_empty());
+    ok::<()>(&mut c, &["SET", "s", "v"]);
+    assert!(fails(&mut c, &["HGET", "s", "f"]).starts_with("WRONGTYPE"));
+    assert!(fails(&mut c, &["GET", "h"]).starts_with("WRONGTYPE"));
+    let got: Vec<Option<String>> = ok(&mut c, &["MGET", "h", "s"]);
+    assert_eq!(got, vec![None, Some("v".into())]);
+    assert_eq!(ok::<u64>(&mut c, &["HDEL", "h", "f3", "f4"]), 2);
+    assert_eq!(
+        ok::<u64>(&mut c, &["EXISTS", "h"]),
+        0,
+        "an emptied hash is deleted"
+    );
+}
+
+#[test]
+fn info_and_config_get() {
+    let (server, _stack) = start(server_config());
+    let mut c = client(server.local_addr());
+    ok::<()>(&mut c, &["SET", "k", "v"]);
+    let info: String = ok(&mut c, &["INFO"]);
+    for needle in [
+        "# Server",
+        "# Clients",
+        "# Stats",
+        "# Persistence",
+        "# Critio",
+        "# Keyspace",
+        "connected_clients:1",
+        "checkpoints:",
+        "scheme:rcp",
+        "block_critical_completions:",
+        "cache_hits:",
+        "log_records:",
+        "inherit_lock:",
+        "critical_wait_",
+        "db0:keys=1",
+    ] {
+        assert!(info.contains(needle), "INFO lacks {needle}:\n{info}");
+    }
+    let only: String = ok(&mut c, &["INFO", "keyspace"]);
+    assert_eq!(only, "# Keyspace\r\ndb0:keys=1\r\n");
+    let cfg: Vec<String> = ok(&mut c, &["CONFIG", "GET", "save"]);
+    assert_eq!(cfg, ["save", "1 1"]);
+    let cfg: Vec<String> = ok(&mut c, &["CONFIG", "GET", "appendonly"]);
+    assert_eq!(cfg, ["appendonly", "yes"]);
+    let cfg: Vec<String> = ok(&mut c, &["config", "get", "max*"]);
+    assert_eq!(cfg.len(), 6, "{cfg:?}");
+    let cfg: Vec<String> = ok(&mut c, &["CONFIG", "GET", "databases", "no-such"]);
+    assert_eq!(cfg, ["databases", "1"]);
+    assert!(ok::<Vec<String>>(&mut c, &["CONFIG", "GET", "no-such"]).is_empty());
+}
+
+#[test]
+fn save_bgsave_bgrewriteaof_and_their_status() {
+    let (server, _stack) = start(server_config());
+    let mut c = client(server.local_addr());
+    ok::<()>(&mut c, &["SET", "k", "v"]);
+    assert_eq!(ok::<String>(&mut c, &["SAVE"]), "OK");
+    assert_eq!(
+        ok::<String>(&mut c, &["BGSAVE"]),
+        "Background saving started"
+    );
+    let started: String = ok(&mut c, &["BGREWRITEAOF"]);
+    assert_eq!(started, "Background append only file rewriting started");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let p: String = ok(&mut c, &["INFO", "persistence"]);
+        let done =
+            p.contains("rdb_bgsave_in_progress:0") && p.contains("aof_rewrite_in_progress:0");
+        if done {
+            assert!(p.contains("rdb_last_bgsave_status:ok"), "{p}");
+            assert!(p.contains("rdb_saves:1"), "{p}");
+            assert!(p.contains("aof_rewrites:1"), "{p}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "jobs did not finish:\n{p}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn select_command_client_and_quit() {
+    let (server, _stack) = start(server_config());
+    let mut c = client(server.local_addr());
+    assert_eq!(ok::<String>(&mut c, &["SELECT", "0"]), "OK");
+    assert!(fails(&mut c, &["SELECT", "1"]).contains("DB index is out of range"));
+    let n: i64 = ok(&mut c, &["COMMAND", "COUNT"]);
+    assert!(n >= 29, "{n}");
+    assert!(ok::<Vec<Value>>(&mut c, &["COMMAND", "DOCS"]).is_empty());
+    assert_eq!(
+        ok::<Vec<Value>>(&mut c, &["COMMAND", "INFO", "get", "nope"]).len(),
+        2
+    );
+    assert_eq!(ok::<Vec<Value>>(&mut c, &["COMMAND"]).len() as i64, n);
+    ok::<()>(&mut c, &["CLIENT", "SETNAME", "me"]);
+    assert_eq!(ok::<String>(&mut c, &["CLIENT", "GETNAME"]), "me");
+    let mut s = raw(server.local_addr());
+    assert_eq!(exchange(&mut s, b"QUIT\r\n", 1), "+OK\r\n");
+    assert!(closed(&mut s));
+}
+
+#[test]
+fn unknown_commands_and_wrong_arity_use_redis_wording() {
+    let (server, _stack) = start(server_config());
+    let mut s = raw(server.local_addr());
+    let cases: [(&[u8], &str); 6] = [
+        (
+            b"*2\r\n$3\r\nFOO\r\n$3\r\nbar\r\n",
+            "-ERR unknown command 'FOO', with args beginning with: 'bar' \r\n",
+        ),
+        (
+            b"nosuch\r\n",
+            "-ERR unknown command 'nosuch', with args beginning with: \r\n",
+        ),
+        (
+            b"*1\r\n$3\r\nGET\r\n",
+            "-ERR wrong number of arguments for 'get' command\r\n",
+        ),
+        (
+            b"MSET a 1 b\r\n",
+            "-ERR wrong number of arguments for 'mset' command\r\n",
+        ),
+        (
+            b"HSET h f\r\n",
+            "-ERR wrong number of arguments for 'hset' command\r\n",
+        ),
+        (
+            b"CONFIG GET\r\n",
+            "-ERR wrong number of arguments for 'config|get' command\r\n",
+        ),
+    ];
+    for (send, want) in cases {
+        assert_eq!(exchange(&mut s, send, 1), want);
+    }
+    // The connection survives all of that.
+    assert_eq!(exchange(&mut s, b"PING\r\n", 1), "+PONG\r\n");
+    assert_eq!(exchange(&mut s, b"PING \"a b\"\r\n", 2), "$3\r\na b\r\n");
+}
+
+#[test]
+fn pipelines_are_answered_in_order() {
+    let (server, _stack) = start(server_config());
+    let mut c = client(server.local_addr());
+    let mut p = redis::pipe();
+    for i in 0..500 {
+        p.set(format!("p{i}"), i).ignore();
+        p.incr("pn", 1);
+    }
+    p.get("p499");
+    let got: Vec<i64> = p.query(&mut c).unwrap();
+    assert_eq!(got.len(), 501);
+    assert_eq!(&got[..500], &(1..=500).collect::<Vec<i64>>()[..]);
+    assert_eq!(got[500], 499);
+    // Raw: several frames, inline and multibulk, in one write and split
+    // across writes.
+    let mut s = raw(server.local_addr());
+    let batch = b"SET x 1\r\n*2\r\n$4\r\nINCR\r\n$1\r\nx\r\nGET x\r\n*1\r\n$4\r\nPING\r\n";
+    assert_eq!(
+        exchange(&mut s, batch, 5),
+        "+OK\r\n:2\r\n$1\r\n2\r\n+PONG\r\n"
+    );
+    s.write_all(b"*2\r\n$4\r\nIN").unwrap();
+    std::thread::sleep(Duration::from_millis(20));
+    assert_eq!(exchange(&mut s, b"CR\r\n$1\r\nx\r\n", 1), ":3\r\n");
+}
+
+#[test]
+fn many_concurrent_clients_stay_consistent() {
+    const THREADS: usize = 32;
+    const OPS: usize = 100;
+    let (server, _stack) = start(server_config());
+    let addr = server.local_addr();
+    let workers: Vec<_> = (0..THREADS)
+        .map(|t| {
+            std::thread::spawn(move || {
+                let mut c = client(addr);
+                for j in 0..OPS {
+                    let _: i64 = c.incr("counter", 1).unwrap();
+                    let _: () = c.set(format!("t{t}:{}", j % 10), j).unwrap();
+                    let _: u64 = c.hset("h", format!("t{t}"), j).unwrap();
+                    if j % 25 == 0 {
+                        let _: Option<String> = c.get(format!("t{}:0", (t + 1) % THREADS)).unwrap();
+                    }
+                }
+            })
+        })
+        .collect();
+    for w in workers {
+        w.join().unwrap();
+    }
+    let mut c = client(addr);
+    assert_eq!(c.get::<_, i64>("counter").unwrap(), (THREADS * OPS) as i64);
+    for t in 0..THREADS {
+        for k in 0..10 {
+            let last = OPS - 10 + k;
+            assert_eq!(c.get::<_, usize>(format!("t{t}:{k}")).unwrap(), last);
+        }
+        assert_eq!(
+            c.hget::<_, _, usize>("h", format!("t{t}")).unwrap(),
+            OPS - 1
+        );
+    }
+    assert_eq!(
+        redis::cmd("DBSIZE").query::<usize>(&mut c).unwrap(),
+        2 + THREADS * 10
+    );
+}
+
+#[test]
+fn malformed_frames_close_only_their_connection() {
+    let (server, _stack) = start(server_config());
+    let addr = server.local_addr();
+    let mut good = client(addr);
+    let _: () = good.set("k", "v").unwrap();
+    for (bad, want) in [
+        (
+            &b"*1\r\n:5\r\n"[..],
+            "-ERR Protocol error: expected '$', got ':'\r\n",
+        ),
+        (
+            b"*x\r\n",
+            "-ERR Protocol error: invalid multibulk length\r\n",
+        ),
+        (
+            b"*1\r\n$-5\r\n",
+            "-ERR Protocol error: invalid bulk length\r\n",
+        ),
+        (
+            b"SET a \"b\r\n",
+            "-ERR Protocol error: unbalanced quotes in request\r\n",
+        ),
+    ] {
+        let mut s = raw(addr);
+        assert_eq!(exchange(&mut s, bad, 1), want);
+        assert!(closed(&mut s));
+        assert_eq!(good.get::<_, String>("k").unwrap(), "v");
+    }
+}
+
+#[test]
+fn oversized_frames_and_values_are_refused() {
+    let (server, _stack) = start(server_config());
+    let addr = server.local_addr();
+    let mut good = client(addr);
+    // A frame over max_frame_bytes: refused on its header, before the body.
+    let mut s = raw(addr);
+    let header = format!("*3\r\n$3\r\nSET\r\n$1\r\nk\r\n${}\r\n", FRAME_MAX);
+    let reply = exchange(&mut s, header.as_bytes(), 1);
+    assert!(
+        reply.starts_with("-ERR Protocol error: request of at least"),
+        "{reply}"
+    );
+    assert!(reply.contains("server.max_frame_bytes"), "{reply}");
+    assert!(closed(&mut s));
+    // A value over the engine's limit: an error for that command only.
+    let big = vec![b'x'; VALUE_MAX + 1];
+    let e = good.set::<_, _, ()>("big", &big).unwrap_err();
+    assert!(err_text(e).contains("engine.value_bytes_max"));
+    let fits = vec![b'y'; VALUE_MAX];
+    let _: () = good.set("big", &fits).unwrap();
+    assert_eq!(good.get::<_, Vec<u8>>("big").unwrap(), fits);
+}
+
+#[test]
+fn clients_beyond_the_limit_are_turned_away() {
+    let cfg = ServerConfig {
+        max_clients: 2,
+        ..server_config()
+    };
+    let (server, _stack) = start(cfg);
+    let addr = server.local_addr();
+    let mut a = raw(addr);
+    let mut b = raw(addr);
+    assert_eq!(exchange(&mut a, b"PING\r\n", 1), "+PONG\r\n");
+    assert_eq!(exchange(&mut b, b"PING\r\n", 1), "+PONG\r\n");
+    let mut third = raw(addr);
+    let mut reply = String::new();
+    let _ = third.read_to_string(&mut reply);
+    assert_eq!(reply, "-ERR max number of clients reached\r\n");
+    drop(a);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while server.connected() > 1 {
+        assert!(Instant::now() < deadline);
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let mut d = raw(addr);
+    assert_eq!(exchange(&mut d, b"PING\r\n", 1), "+PONG\r\n");
+    let info = server.info(&["stats"]);
+    assert!(info.contains("rejected_connections:1"), "{info}");
+    drop(b);
+}
+
+#[test]
+fn device_failure_fails_writes_and_never_acknowledges_them() {
+    let faulty = Arc::new(
+        FaultyDevice::new(Arc::new(MemDevice::new(64 * MIB)), FaultConfig::default()).unwrap(),
+    );
+    let sc = stack_config();
+    let block = Arc::new(BlockLayer::new(faulty.clone(), BlockConfig::default()).unwrap());
+    let cache_cfg = CacheConfig {
+        capacity_bytes: 4 * MIB,
+        ..CacheConfig::default()
+    };
+    let sync = SyncConfig::default();
+    let cache = Arc::new(PageCache::new(block.clone(), cache_cfg, &sync).unwrap());
+    let parts = Parts {
+        block: block.clone(),
+        cache: cache.clone(),
+        sync,
+    };
+    let engine = Arc::new(Engine::open(parts, sc.engine, sc.critio.log).unwrap());
+    let backend = Backend {
+        engine,
+        block,
+        cache,
+        scheme: Scheme::Rcp,
+        device: "faulty:mem".into(),
+        engine_config: sc.engine,
+        data_dir: None,
+    };
+    let server = Server::start(server_config(), backend).unwrap();
+    let mut c = client(server.local_addr());
+    let _: () = c.set("before", "1").unwrap();
+    faulty.power_cut().unwrap();
+    for i in 0..5 {
+        let e = c.set::<_, _, ()>(format!("after{i}"), "1").unwrap_err();
+        assert_eq!(e.code(), Some("ERR"), "{e}");
+    }
+    let e = c.incr::<_, _, i64>("n", 1).unwrap_err();
+    assert_eq!(e.code(), Some("ERR"), "{e}");
+    let pong: String = redis::cmd("PING").query(&mut c).unwrap();
+    assert_eq!(pong, "PONG");
+}
+
+#[test]
+fn a_full_device_refuses_writes_with_an_error() {
+    let mut sc = stack_config();
+    sc.capacity = 12 * MIB;
+    let stack = Stack::open(&sc).unwrap();
+    let server = Server::start(server_config(), Backend::of(&stack, &sc)).unwrap();
+    let mut c = client(server.local_addr());
+    let value = vec![b'v'; VALUE_MAX - 1024];
+    let mut acked = 0;
+    let error = loop {
+        match c.set::<_, _, ()>(format!("k{acked}"), &value) {
+            Ok(()) => acked += 1,
+            Err(e) => break e,
+        }
+        assert!(acked < 1000, "a 12 MiB device took 1000 values of 63 KiB");
+    };
+    assert!(err_text(error).contains("no space left"));
+    assert!(acked > 10, "{acked}");
+    for i in 0..acked {
+        assert_eq!(c.get::<_, Vec<u8>>(format!("k{i}")).unwrap(), value);
+    }
+    let pong: String = redis::cmd("PING").query(&mut c).unwrap();
+    assert_eq!(pong, "PONG");
+}
+
+#[test]
+fn idle_clients_are_closed_and_stop_finishes_cleanly() {
+    let cfg = ServerConfig {
+        idle_timeout_ms: 100,
+        ..server_config()
+    };
+    let (server, stack) = start(cfg);
+    let mut idle = raw(server.local_addr());
+    assert_eq!(exchange(&mut idle, b"PING\r\n", 1), "+PONG\r\n");
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(closed(&mut idle));
+    let mut c = client(server.local_addr());
+    let _: () = c.set("k", "v").unwrap();
+    assert_eq!(server.shutdown(), 0);
+    assert!(c.get::<_, String>("k").is_err());
+    stack.engine.close().unwrap();
+}
