@@ -1,65 +1,256 @@
-//! `critio demo`: for now, a live walk through lock inheritance: a
-//! background task holds a lock, a foreground task waits for it, and the
-//! background task runs as critical exactly until it releases. The full demo
-//! (critio-kv under a YCSB-A load with checkpoints, four schemes side by
-//! side) arrives with issue 6.
+//! `critio demo`: request latency with and without request-centric
+//! prioritization, measured side by side in one run.
+//!
+//! critio-kv runs in-process on a simulated SSD; closed-loop clients drive a
+//! YCSB-A load (50% reads, 50% updates, zipfian keys, 1 KiB values, a data
+//! set several times the page cache) over the Redis protocol while
+//! checkpoints run every second. The same load runs under `none`,
+//! `kernel-idle`, `static` and `rcp`, and under `rcp` with background work
+//! off (the isolation limit). Results: a table, targets, JSON, and a CCDF
+//! plot (PNG and SVG).
 
-use std::sync::{mpsc, Arc};
-use std::time::Duration;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
 
-use critio::context::{self, TaskRef};
-use critio::sync::Mutex;
+use critio_kv::Scheme;
+use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
+use serde_json::json;
 
-fn show(step: &str, task: &TaskRef) {
-    println!(
-        "  {step:<44} background task {} is {:<12} (inherits from {} waiter(s))",
-        task.id(),
-        task.class(),
-        task.inherited_count()
-    );
+use crate::bench::report::{Goal, Report, Table, Target};
+use crate::kvbench::{self, KvResult, RunSpec};
+use crate::plot;
+use crate::workload::KvWorkload;
+
+const DEFAULT_WORKLOAD: &str = include_str!("../../../workloads/demo.toml");
+
+/// Options of `critio demo`.
+pub struct DemoArgs {
+    /// The 15-second version.
+    pub quick: bool,
+    /// A workload file instead of the built-in one.
+    pub workload: Option<PathBuf>,
+    /// Where to write the JSON and the plots.
+    pub out: PathBuf,
 }
 
-/// Runs the walk-through and prints each step.
-pub fn run() -> Result<(), String> {
-    println!("critio demo: priority inheritance through a lock\n");
-    let inode = Arc::new(Mutex::named("inode", ()));
-    let (tx, rx) = mpsc::channel();
-    let (release_tx, release_rx) = mpsc::channel::<()>();
-    let background = {
-        let inode = inode.clone();
-        std::thread::spawn(move || {
-            let guard = inode.lock();
-            tx.send(context::current()).expect("demo channel");
-            release_rx.recv().expect("demo channel");
-            drop(guard);
-        })
-    };
-    let bg = rx.recv().map_err(|e| e.to_string())?;
-    show("background holds `inode`:", &bg);
-    let foreground = {
-        let inode = inode.clone();
-        std::thread::spawn(move || {
-            context::set_foreground();
-            drop(inode.lock());
-        })
-    };
-    while bg.inherited_count() == 0 {
-        std::thread::sleep(Duration::from_millis(1));
+/// The runs of the demo, in table order.
+pub const RUNS: [RunSpec; 5] = [
+    RunSpec {
+        label: "none",
+        scheme: Scheme::None,
+        background: true,
+        tweak: None,
+    },
+    RunSpec {
+        label: "kernel-idle",
+        scheme: Scheme::KernelIdle,
+        background: true,
+        tweak: None,
+    },
+    RunSpec {
+        label: "static",
+        scheme: Scheme::Static,
+        background: true,
+        tweak: None,
+    },
+    RunSpec {
+        label: "rcp",
+        scheme: Scheme::Rcp,
+        background: true,
+        tweak: None,
+    },
+    RunSpec {
+        label: "isolation (rcp, no background)",
+        scheme: Scheme::Rcp,
+        background: false,
+        tweak: None,
+    },
+];
+
+/// Loads the workload file, or the built-in one.
+pub fn workload(path: Option<&Path>, default: &str, name: &str) -> Result<KvWorkload, String> {
+    match path {
+        Some(p) => KvWorkload::load(p),
+        None => KvWorkload::from_toml(default, name),
     }
-    show("foreground waits for `inode`:", &bg);
-    release_tx.send(()).map_err(|e| e.to_string())?;
-    background
-        .join()
-        .map_err(|_| "background thread panicked")?;
-    foreground
-        .join()
-        .map_err(|_| "foreground thread panicked")?;
-    show("background released `inode`:", &bg);
-    let snap = critio::metrics::global().snapshot();
-    println!("\n{}", snap.critical_wait_table());
+}
+
+fn bar(mp: &MultiProgress, prefix: &str, len: u64) -> ProgressBar {
+    let pb = mp.add(ProgressBar::new(len));
+    let style = ProgressStyle::with_template("{prefix:>32} [{bar:30}] {msg}")
+        .expect("static template")
+        .progress_chars("=> ");
+    pb.set_style(style);
+    pb.set_prefix(prefix.to_owned());
+    pb
+}
+
+/// Runs every spec on one preloaded store; shows a progress bar per run.
+pub fn compare(w: &KvWorkload, specs: &[RunSpec], secs: f64) -> Result<Vec<KvResult>, String> {
+    let mp = MultiProgress::new();
+    let pre = bar(&mp, "preloading", w.records);
+    let template = kvbench::preload(w, &pre)?;
+    pre.finish_with_message(format!("{} keys", w.records));
+    let mut out = Vec::new();
+    for spec in specs {
+        let pb = bar(&mp, spec.label, 1000);
+        let r = kvbench::run(w, &template, spec, secs, &pb)?;
+        pb.finish_with_message(format!(
+            "{:.0} ops/s, p99.9 {:.1} ms",
+            r.throughput,
+            ms(&r, 0.999)
+        ));
+        out.push(r);
+    }
+    Ok(out)
+}
+
+fn ms(r: &KvResult, q: f64) -> f64 {
+    r.latency.quantile(q).as_secs_f64() * 1e3
+}
+
+/// The results table shared by the demo and E1.
+pub fn latency_table(title: &str, results: &[KvResult]) -> Table {
+    let mut t = Table::new(
+        title,
+        &[
+            "scheme",
+            "ops/s",
+            "p50 ms",
+            "p99 ms",
+            "p99.9 ms",
+            "max ms",
+            "checkpoints",
+            "ckpt mean ms",
+        ],
+    );
+    for r in results {
+        t.row(vec![
+            json!(r.label),
+            json!(r.throughput),
+            json!(ms(r, 0.5)),
+            json!(ms(r, 0.99)),
+            json!(ms(r, 0.999)),
+            json!(r.latency.max().as_secs_f64() * 1e3),
+            json!(r.checkpoints),
+            json!(r.checkpoint_ms),
+        ]);
+    }
+    t
+}
+
+/// Writes the CCDF plot of `results` to `stem`.{png,svg}.
+pub fn ccdf_plot(
+    stem: &Path,
+    title: &str,
+    results: &[KvResult],
+) -> Result<(PathBuf, PathBuf), String> {
+    let series: Vec<plot::Series> = results
+        .iter()
+        .map(|r| plot::Series {
+            name: r.label.to_owned(),
+            points: plot::ccdf_points(&r.latency),
+        })
+        .collect();
+    plot::ccdf(stem, title, &series)
+}
+
+/// The targets of the demo and E1 (issue 6), from what was measured.
+pub fn targets(results: &[KvResult]) -> Vec<Target> {
+    let by = |label: &str| {
+        results
+            .iter()
+            .find(|r| r.label.starts_with(label))
+            .expect("every run is there")
+    };
+    let (none, idle, rcp, iso) = (by("none"), by("kernel-idle"), by("rcp"), by("isolation"));
+    vec![
+        Target::new(
+            "rcp-p99.9-better-than-none",
+            ms(none, 0.999) / ms(rcp, 0.999),
+            Goal::AtLeast(10.0),
+            "x",
+        ),
+        Target::new(
+            "rcp-p99.9-better-than-kernel-idle",
+            ms(idle, 0.999) / ms(rcp, 0.999),
+            Goal::AtLeast(5.0),
+            "x",
+        ),
+        Target::new(
+            "rcp-throughput-vs-none",
+            rcp.throughput / none.throughput,
+            Goal::AtLeast(1.3),
+            "x",
+        ),
+        Target::new(
+            "rcp-checkpoints-vs-none",
+            rcp.checkpoints as f64 / none.checkpoints.max(1) as f64,
+            Goal::AtLeast(0.8),
+            "x",
+        ),
+        Target::new(
+            "rcp-p99.9-vs-isolation",
+            ms(rcp, 0.999) / ms(iso, 0.999),
+            Goal::AtMost(2.0),
+            "x",
+        ),
+    ]
+}
+
+/// Runs the demo.
+pub fn run(args: &DemoArgs) -> Result<(), String> {
+    let mut w = workload(
+        args.workload.as_deref(),
+        DEFAULT_WORKLOAD,
+        "workloads/demo.toml",
+    )?;
+    if args.quick {
+        w.records = w.quick_records;
+    }
+    let secs = if args.quick {
+        w.quick_duration_s
+    } else {
+        w.duration_s
+    };
     println!(
-        "The full demo (critio-kv under YCSB-A with checkpoints, schemes none / kernel-idle / \
-         static / rcp side by side) arrives with issue 6."
+        "critio demo: critio-kv on {} ({} MiB page cache), {} keys x {} B, {} clients, YCSB-A ({:.0}% reads, {:?}), \
+         checkpoints every {} ms; {secs} s per scheme\n",
+        w.device,
+        w.cache_bytes >> 20,
+        w.records,
+        w.value_bytes,
+        w.clients,
+        w.read_proportion * 100.0,
+        w.distribution,
+        w.checkpoint_interval_ms
+    );
+    let started = Instant::now();
+    let results = compare(&w, &RUNS, secs)?;
+    let title = format!(
+        "YCSB-A on critio-kv, {} clients, checkpoints every {} ms",
+        w.clients, w.checkpoint_interval_ms
+    );
+    let report = Report {
+        experiment: "demo".into(),
+        description: "request latency under each scheme, measured side by side in one run".into(),
+        tables: vec![latency_table(&title, &results)],
+        targets: targets(&results),
+    };
+    print!("\n{}", report.render());
+    std::fs::create_dir_all(&args.out)
+        .map_err(|e| format!("cannot create {}: {e}", args.out.display()))?;
+    let json = args.out.join("demo.json");
+    report
+        .write_json(&json)
+        .map_err(|e| format!("cannot write {}: {e}", json.display()))?;
+    let (png, svg) = ccdf_plot(&args.out.join("demo-ccdf"), &title, &results)?;
+    println!(
+        "\nwrote {}, {} and {} ({:.0} s in all)",
+        json.display(),
+        png.display(),
+        svg.display(),
+        started.elapsed().as_secs_f64()
     );
     Ok(())
 }

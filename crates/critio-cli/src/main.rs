@@ -7,6 +7,11 @@ use clap::{Parser, Subcommand};
 
 mod bench;
 mod demo;
+mod kvbench;
+mod plot;
+mod results;
+mod serve;
+mod workload;
 
 /// critio: request-centric I/O prioritization.
 #[derive(Parser)]
@@ -19,7 +24,17 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Show request latency with and without request-centric prioritization.
-    Demo,
+    Demo {
+        /// The 15-second version.
+        #[arg(long)]
+        quick: bool,
+        /// A workload file instead of workloads/demo.toml.
+        #[arg(long, value_name = "FILE")]
+        workload: Option<PathBuf>,
+        /// Where to write the JSON and the CCDF plot.
+        #[arg(long, value_name = "DIR", default_value = "critio-demo")]
+        out: PathBuf,
+    },
     /// Run an experiment and print its table and targets.
     Bench {
         /// The experiment to run (see --list).
@@ -33,21 +48,38 @@ enum Command {
         /// The device: sim, sim:hdd, sim:ssd, file:PATH (io_uring, O_DIRECT).
         #[arg(long, value_name = "SPEC")]
         device: Option<String>,
+        /// A workload file instead of the experiment's built-in one.
+        #[arg(long, value_name = "FILE")]
+        workload: Option<PathBuf>,
+        /// With `all`: write every experiment's results to this Markdown file.
+        #[arg(long, value_name = "PATH")]
+        results: Option<PathBuf>,
         /// List the experiments.
         #[arg(long)]
         list: bool,
     },
-    /// Serve the Redis-protocol key-value store.
-    Serve,
+    /// Serve the Redis-protocol key-value store (stop with SIGINT or SIGTERM).
+    Serve(serve::ServeArgs),
 }
 
-fn bench(experiment: Option<String>, args: bench::BenchArgs, list: bool) -> Result<(), String> {
+fn bench(
+    experiment: Option<String>,
+    args: bench::BenchArgs,
+    results: Option<PathBuf>,
+    list: bool,
+) -> Result<(), String> {
     let Some(name) = experiment.filter(|_| !list) else {
         for e in bench::EXPERIMENTS {
             println!("{:<24} {}", e.name, e.about);
         }
         return Ok(());
     };
+    if name == "all" {
+        let path = results.unwrap_or_else(|| PathBuf::from("docs/RESULTS.md"));
+        results::write(&path, args.quick, args.device.clone())?;
+        println!("wrote {}", path.display());
+        return Ok(());
+    }
     let experiment = bench::find(&name)?;
     let report = (experiment.run)(&args)?;
     print!("{}", report.render());
@@ -63,12 +95,22 @@ fn bench(experiment: Option<String>, args: bench::BenchArgs, list: bool) -> Resu
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Demo => demo::run(),
+        Command::Demo {
+            quick,
+            workload,
+            out,
+        } => demo::run(&demo::DemoArgs {
+            quick,
+            workload,
+            out,
+        }),
         Command::Bench {
             experiment,
             json,
             quick,
             device,
+            workload,
+            results,
             list,
         } => bench(
             experiment,
@@ -76,13 +118,12 @@ fn main() -> ExitCode {
                 quick,
                 json,
                 device,
+                workload,
             },
+            results,
             list,
         ),
-        Command::Serve => Err(format!(
-            "the key-value server (critio-kv {}) arrives with issue 5",
-            critio_kv::VERSION
-        )),
+        Command::Serve(args) => serve::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,14 +1,20 @@
 //! `critio bench <experiment>`: the experiments, each reporting what it
 //! measured side by side in one run, as a table, targets and optional JSON.
+//! Workloads are TOML files (`workloads/`), embedded as defaults and
+//! replaceable with `--workload FILE`.
 
 mod block_overhead;
 mod cache_entanglement;
+mod e1_request_latency;
 mod e2_device_priority;
+mod e3_antagonists;
+mod e5_ablation;
+mod kv_background;
 mod lock_overhead;
 mod real_device_mix;
 pub mod report;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 pub use report::Report;
 
@@ -17,11 +23,24 @@ pub use report::Report;
 pub struct BenchArgs {
     /// A shorter run (for smoke tests); figures are noisier.
     pub quick: bool,
-    /// Where to write the JSON copy of the report.
+    /// Where to write the JSON copy of the report (plots go beside it).
     pub json: Option<PathBuf>,
     /// The device to run on (`sim`, `sim:hdd`, `sim:ssd`, `file:PATH`, ...);
     /// each experiment documents its default.
     pub device: Option<String>,
+    /// A workload file instead of the experiment's built-in one.
+    pub workload: Option<PathBuf>,
+}
+
+impl BenchArgs {
+    /// Where plots go: beside the JSON, else `./critio-results`.
+    pub fn out_dir(&self) -> PathBuf {
+        self.json
+            .as_deref()
+            .and_then(Path::parent)
+            .filter(|p| !p.as_os_str().is_empty())
+            .map_or_else(|| PathBuf::from("critio-results"), Path::to_path_buf)
+    }
 }
 
 /// An experiment: its name, a one-line description, and its entry point.
@@ -32,34 +51,65 @@ pub struct Experiment {
     pub about: &'static str,
     /// Runs it.
     pub run: fn(&BenchArgs) -> Result<Report, String>,
+    /// Part of `bench all` (docs/RESULTS.md).
+    pub in_results: bool,
 }
 
 /// Every experiment, in the order `critio bench --list` prints them.
 pub const EXPERIMENTS: &[Experiment] = &[
     Experiment {
-        name: "lock-overhead",
-        about: "critio Mutex vs parking_lot/std: uncontended cost (goal <= 2x) and contended hand-off",
-        run: lock_overhead::run,
+        name: "e1-request-latency",
+        about: "paper 000 Fig. 4-9: YCSB-A on critio-kv under checkpoints, every scheme, CCDF + wait points",
+        run: e1_request_latency::run,
+        in_results: true,
     },
     Experiment {
         name: "e2-device-priority",
         about: "paper 001 Fig. 2 on the simulated HDD: fg QD 1..32 vs bg QD 32, device priority on/off",
         run: e2_device_priority::run,
+        in_results: true,
     },
     Experiment {
-        name: "real-device-mix",
-        about: "critical QD1 reader + background QD32 writer on a real file, 6 configs (needs io_uring)",
-        run: real_device_mix::run,
+        name: "e3-antagonists",
+        about: "paper 004: fg random reads vs 1..16 sequential antagonists on the simulated HDD",
+        run: e3_antagonists::run,
+        in_results: true,
+    },
+    Experiment {
+        name: "e5-ablation",
+        about: "paper 000 Fig. 10: throughput with each rcp component off in turn, normalized to rcp",
+        run: e5_ablation::run,
+        in_results: true,
     },
     Experiment {
         name: "cache-entanglement",
         about: "fg write+commit latency vs a bg file writer: cache dirty limits and log inheritance on/off",
         run: cache_entanglement::run,
+        in_results: true,
+    },
+    Experiment {
+        name: "real-device-mix",
+        about: "critical QD1 reader + background QD32 writer on a real file, 7 configs (needs io_uring)",
+        run: real_device_mix::run,
+        in_results: false,
+    },
+    Experiment {
+        name: "kv-background",
+        about: "redis-benchmark against critio-kv during checkpoints and BGSAVE: none vs rcp p50..max (needs redis-tools)",
+        run: kv_background::run,
+        in_results: false,
+    },
+    Experiment {
+        name: "lock-overhead",
+        about: "critio Mutex vs parking_lot/std: uncontended cost (goal <= 2x) and contended hand-off",
+        run: lock_overhead::run,
+        in_results: true,
     },
     Experiment {
         name: "block-overhead",
         about: "4 KiB reads on the mem device, directly vs through the block layer (goal >= 0.9x)",
         run: block_overhead::run,
+        in_results: true,
     },
 ];
 

@@ -39,8 +39,10 @@ use serde_json::json;
 use super::report::{Goal, Report, Table, Target};
 use super::BenchArgs;
 
+/// The reader's region and the writer's region, each (the file is twice
+/// this): 1 GiB, or 128 MiB with `--quick`.
 const REGION: u64 = 1 << 30;
-const FILE_SIZE: u64 = 2 * REGION;
+const QUICK_REGION: u64 = 128 << 20;
 const READ_LEN: usize = 4096;
 const WRITE_LEN: usize = 128 << 10;
 const WRITER_QD: usize = 32;
@@ -70,37 +72,38 @@ struct RunResult {
 
 /// Fills the file with data once, so reads hit allocated blocks and writes
 /// overwrite (a hole would read as zeros without touching the disk).
-fn prefill(path: &Path) -> Result<(), String> {
+fn prefill(path: &Path, region: u64) -> Result<(), String> {
+    let file_size = 2 * region;
     let opts = UringOptions {
-        create_size: Some(FILE_SIZE),
+        create_size: Some(file_size),
         ..UringOptions::default()
     };
     let dev = Arc::new(UringDevice::open(path, opts).map_err(|e| e.to_string())?);
-    if dev.info().capacity < FILE_SIZE {
+    if dev.info().capacity < file_size {
         return Err(format!(
-            "{} is smaller than {} GiB; remove it or pass another path",
+            "{} is smaller than {} MiB; remove it or pass another path",
             path.display(),
-            FILE_SIZE >> 30
+            file_size >> 20
         ));
     }
     let layer = BlockLayer::new(dev, BlockConfig::default()).map_err(|e| e.to_string())?;
     let head = layer
-        .read(FILE_SIZE - 4096, 4096)
+        .read(file_size - 4096, 4096)
         .map_err(|e| e.to_string())?;
     if head.as_slice().starts_with(FILLED_MAGIC) {
         return Ok(());
     }
     eprintln!(
-        "real-device-mix: filling {} ({} GiB) once",
+        "real-device-mix: filling {} ({} MiB) once",
         path.display(),
-        FILE_SIZE >> 30
+        file_size >> 20
     );
     let mut rng = SmallRng::seed_from_u64(1);
     let mut chunk = AlignedBuf::zeroed(1 << 20);
     let mut pending = VecDeque::new();
-    for off in (0..FILE_SIZE).step_by(1 << 20) {
+    for off in (0..file_size).step_by(1 << 20) {
         rng.fill(chunk.as_mut_slice());
-        if off + (1 << 20) == FILE_SIZE {
+        if off + (1 << 20) == file_size {
             let tail = chunk.as_mut_slice().len() - 4096;
             chunk.as_mut_slice()[tail..tail + FILLED_MAGIC.len()].copy_from_slice(FILLED_MAGIC);
         }
@@ -132,12 +135,12 @@ fn block_config(run: &RunCfg) -> BlockConfig {
     }
 }
 
-fn reader(layer: &BlockLayer, stop: &AtomicBool, hist: &mut LatencyHistogram) -> u64 {
+fn reader(layer: &BlockLayer, stop: &AtomicBool, hist: &mut LatencyHistogram, region: u64) -> u64 {
     context::set_foreground();
     let mut rng = SmallRng::seed_from_u64(42);
     let mut n = 0;
     while !stop.load(Ordering::Relaxed) {
-        let offset = rng.gen_range(0..REGION / READ_LEN as u64) * READ_LEN as u64;
+        let offset = rng.gen_range(0..region / READ_LEN as u64) * READ_LEN as u64;
         let t = Instant::now();
         layer.read(offset, READ_LEN).expect("reader: read failed");
         hist.record(t.elapsed());
@@ -146,9 +149,10 @@ fn reader(layer: &BlockLayer, stop: &AtomicBool, hist: &mut LatencyHistogram) ->
     n
 }
 
-fn writer(layer: &BlockLayer, stop: &AtomicBool, bytes: &AtomicU64) {
+fn writer(layer: &BlockLayer, stop: &AtomicBool, bytes: &AtomicU64, region: u64) {
+    let file_size = 2 * region;
     let buf = AlignedBuf::from_slice(&[0x5a; WRITE_LEN]);
-    let mut offset = REGION;
+    let mut offset = region;
     let mut inflight = VecDeque::with_capacity(WRITER_QD);
     while !stop.load(Ordering::Relaxed) {
         if inflight.len() == WRITER_QD {
@@ -162,8 +166,8 @@ fn writer(layer: &BlockLayer, stop: &AtomicBool, bytes: &AtomicU64) {
                 .expect("writer: submit"),
         );
         offset += WRITE_LEN as u64;
-        if offset + WRITE_LEN as u64 > FILE_SIZE {
-            offset = REGION;
+        if offset + WRITE_LEN as u64 > file_size {
+            offset = region;
         }
     }
     for h in inflight {
@@ -171,7 +175,7 @@ fn writer(layer: &BlockLayer, stop: &AtomicBool, bytes: &AtomicU64) {
     }
 }
 
-fn run_one(path: &Path, run: RunCfg, secs: f64) -> Result<RunResult, String> {
+fn run_one(path: &Path, run: RunCfg, secs: f64, region: u64) -> Result<RunResult, String> {
     let opts = UringOptions {
         per_request_ioprio: run.ioprio.is_some(),
         priorities: run.ioprio.unwrap_or_default(),
@@ -183,13 +187,13 @@ fn run_one(path: &Path, run: RunCfg, secs: f64) -> Result<RunResult, String> {
     let written = Arc::new(AtomicU64::new(0));
     let w = run.writer.then(|| {
         let (layer, stop, written) = (layer.clone(), stop.clone(), written.clone());
-        std::thread::spawn(move || writer(&layer, &stop, &written))
+        std::thread::spawn(move || writer(&layer, &stop, &written, region))
     });
     let r = run.reader.then(|| {
         let (layer, stop) = (layer.clone(), stop.clone());
         std::thread::spawn(move || {
             let mut hist = LatencyHistogram::new();
-            let n = reader(&layer, &stop, &mut hist);
+            let n = reader(&layer, &stop, &mut hist, region);
             (n, hist)
         })
     });
@@ -294,12 +298,13 @@ pub fn run(args: &BenchArgs) -> Result<Report, String> {
             }
         },
     };
-    prefill(&path)?;
-    let secs = if args.quick { 2.0 } else { 8.0 };
+    let region = if args.quick { QUICK_REGION } else { REGION };
+    prefill(&path, region)?;
+    let secs = if args.quick { 1.0 } else { 8.0 };
     let mut results = Vec::new();
     for run in runs() {
         eprintln!("real-device-mix: {} ({secs} s)", run.name);
-        results.push((run, run_one(&path, run, secs)?));
+        results.push((run, run_one(&path, run, secs, region)?));
     }
     let alone_p999 = results[0].1.reads.quantile(0.999).as_secs_f64();
     let alone_mib = results[1].1.write_mib_s;

@@ -1,0 +1,270 @@
+//! Running critio-kv under a client load: the engine behind the demo and
+//! the key-value experiments (E1, E5).
+//!
+//! ```text
+//!  preload once: a store of `records` keys on a simulated SSD kept in a file (the template)
+//!  per run:      copy the template ─> open the stack with the run's scheme ─> serve it
+//!                ─> closed-loop clients (RESP over loopback, like real clients)
+//!                ─> latency histogram, throughput, checkpoints, critical wait points
+//! ```
+//!
+//! Every run starts from the same bytes, so runs differ only by scheme.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use critio::config::Config;
+use critio::device::DeviceSpec;
+use critio::metrics::{self, LatencyHistogram, MetricsSnapshot};
+use critio_kv::engine::EngineConfig;
+use critio_kv::server::{Backend, Server, ServerConfig};
+use critio_kv::stack::default_critio_config;
+use critio_kv::{Scheme, Stack, StackConfig};
+use indicatif::ProgressBar;
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+
+use crate::workload::{key_name, KvOp, KvWorkload};
+
+/// One configuration to measure.
+#[derive(Clone, Copy)]
+pub struct RunSpec {
+    /// The row label.
+    pub label: &'static str,
+    /// The scheme.
+    pub scheme: Scheme,
+    /// Checkpoints and BGSAVE on (off: the isolation limit).
+    pub background: bool,
+    /// A change after the scheme (ablations).
+    pub tweak: Option<fn(&mut Config)>,
+}
+
+/// What one run measured.
+pub struct KvResult {
+    /// The run.
+    pub label: &'static str,
+    /// Latency of every measured operation.
+    pub latency: LatencyHistogram,
+    /// Operations per second.
+    pub throughput: f64,
+    /// Checkpoints completed during the measured window.
+    pub checkpoints: u64,
+    /// Their mean duration, ms.
+    pub checkpoint_ms: f64,
+    /// Where critical tasks waited.
+    pub waits: MetricsSnapshot,
+}
+
+/// A preloaded store, copied for each run.
+pub struct Template {
+    dir: PathBuf,
+    file: PathBuf,
+}
+
+impl Template {
+    fn device(&self, path: &Path) -> DeviceSpec {
+        DeviceSpec::Sim {
+            profile: critio::device::sim::Profile::Ssd,
+            file: Some(path.to_path_buf()),
+        }
+    }
+}
+
+impl Drop for Template {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn stack_config(w: &KvWorkload, device: DeviceSpec, spec: &RunSpec) -> StackConfig {
+    let mut critio = default_critio_config();
+    critio.cache.capacity_bytes = w.cache_bytes;
+    StackConfig {
+        device,
+        capacity: w.capacity_bytes,
+        seed: 7,
+        scheme: spec.scheme,
+        critio,
+        engine: EngineConfig {
+            buckets: w.buckets,
+            checkpoint_interval_ms: if spec.background {
+                w.checkpoint_interval_ms
+            } else {
+                0
+            },
+            checkpoint_log_pct: if spec.background { 50 } else { 90 },
+            log_bytes: 256 << 20,
+            ..EngineConfig::default()
+        },
+        tweak: spec.tweak,
+    }
+}
+
+fn value(rng: &mut SmallRng, len: usize) -> Vec<u8> {
+    (0..len).map(|_| rng.gen_range(b'a'..=b'z')).collect()
+}
+
+/// Loads `w.records` keys into a fresh store (in a temporary directory).
+pub fn preload(w: &KvWorkload, progress: &ProgressBar) -> Result<Template, String> {
+    if !w.device.starts_with("sim") {
+        return Err(format!(
+            "the key-value experiments run on the simulated SSD (its store is copied for every run); device `{}` given",
+            w.device
+        ));
+    }
+    let dir = std::env::temp_dir().join(format!("critio-kvbench-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    let t = Template {
+        file: dir.join("template.img"),
+        dir,
+    };
+    let spec = RunSpec {
+        label: "preload",
+        scheme: Scheme::Rcp,
+        background: false,
+        tweak: None,
+    };
+    let stack =
+        Stack::open(&stack_config(w, t.device(&t.file), &spec)).map_err(|e| e.to_string())?;
+    let mut rng = SmallRng::seed_from_u64(1);
+    let batch = 64u64;
+    progress.set_length(w.records);
+    for first in (0..w.records).step_by(batch as usize) {
+        let pairs: Vec<(Vec<u8>, Vec<u8>)> = (first..(first + batch).min(w.records))
+            .map(|i| (key_name(i).into_bytes(), value(&mut rng, w.value_bytes)))
+            .collect();
+        let refs: Vec<(&[u8], &[u8])> = pairs
+            .iter()
+            .map(|(k, v)| (k.as_slice(), v.as_slice()))
+            .collect();
+        stack.engine.mset(&refs).map_err(|e| e.to_string())?;
+        progress.set_position(first + batch);
+    }
+    stack.engine.close().map_err(|e| e.to_string())?;
+    Ok(t)
+}
+
+/// One client's closed loop until `stop`; records latencies after `measure`.
+fn client(
+    addr: std::net::SocketAddr,
+    w: &KvWorkload,
+    seed: u64,
+    stop: &AtomicBool,
+    measure: &AtomicBool,
+    ops: &AtomicU64,
+) -> Result<LatencyHistogram, String> {
+    let client = redis::Client::open(format!("redis://{addr}/")).map_err(|e| e.to_string())?;
+    let mut con = client.get_connection().map_err(|e| e.to_string())?;
+    let keys = w.chooser();
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let mut buf = value(&mut rng, w.value_bytes);
+    let mut hist = LatencyHistogram::new();
+    while !stop.load(Ordering::Relaxed) {
+        let op = w.next_op(&keys, &mut rng);
+        let start = Instant::now();
+        let result = match op {
+            KvOp::Read(k) => redis::cmd("GET")
+                .arg(key_name(k))
+                .query::<Option<Vec<u8>>>(&mut con)
+                .map(|_| ()),
+            KvOp::Update(k) => {
+                let i = rng.gen_range(0..buf.len());
+                buf[i] = rng.gen_range(b'a'..=b'z');
+                redis::cmd("SET")
+                    .arg(key_name(k))
+                    .arg(&buf)
+                    .query::<()>(&mut con)
+            }
+        };
+        result.map_err(|e| format!("client: {e}"))?;
+        if measure.load(Ordering::Relaxed) {
+            hist.record(start.elapsed());
+            ops.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+    Ok(hist)
+}
+
+/// Runs one configuration on a copy of the template.
+pub fn run(
+    w: &KvWorkload,
+    t: &Template,
+    spec: &RunSpec,
+    secs: f64,
+    progress: &ProgressBar,
+) -> Result<KvResult, String> {
+    let file = t.dir.join(format!(
+        "run-{}.img",
+        spec.label.replace(|c: char| !c.is_alphanumeric(), "-")
+    ));
+    std::fs::copy(&t.file, &file).map_err(|e| format!("cannot copy the template: {e}"))?;
+    let cfg = stack_config(w, t.device(&file), spec);
+    let stack = Stack::open(&cfg).map_err(|e| e.to_string())?;
+    let engine = stack.engine.clone();
+    let server = Server::start(
+        ServerConfig {
+            bind: "127.0.0.1:0".into(),
+            ..ServerConfig::default()
+        },
+        Backend::of(&stack, &cfg),
+    )
+    .map_err(|e| e.to_string())?;
+    let addr = server.local_addr();
+    let (stop, measure, ops) = (
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(AtomicU64::new(0)),
+    );
+    let clients: Vec<_> = (0..w.clients)
+        .map(|i| {
+            let (w, stop, measure, ops) = (w.clone(), stop.clone(), measure.clone(), ops.clone());
+            std::thread::spawn(move || client(addr, &w, 100 + i as u64, &stop, &measure, &ops))
+        })
+        .collect();
+    std::thread::sleep(Duration::from_secs_f64(w.warmup_s));
+    metrics::global().reset();
+    let before = engine.background_stats();
+    measure.store(true, Ordering::Relaxed);
+    let start = Instant::now();
+    let mut last_bgsave = Instant::now();
+    while start.elapsed().as_secs_f64() < secs {
+        std::thread::sleep(Duration::from_millis(100));
+        progress.set_position((start.elapsed().as_secs_f64() / secs * 1000.0) as u64);
+        progress.set_message(format!("{} ops", ops.load(Ordering::Relaxed)));
+        if spec.background
+            && w.bgsave_every_s > 0.0
+            && last_bgsave.elapsed().as_secs_f64() >= w.bgsave_every_s
+        {
+            let _ = engine.bgsave(); // "already in progress" is fine
+            last_bgsave = Instant::now();
+        }
+    }
+    measure.store(false, Ordering::Relaxed);
+    let elapsed = start.elapsed().as_secs_f64();
+    let waits = metrics::global().snapshot();
+    let after = engine.background_stats();
+    stop.store(true, Ordering::Relaxed);
+    let mut latency = LatencyHistogram::new();
+    for c in clients {
+        latency.merge(&c.join().map_err(|_| "client thread panicked")??);
+    }
+    server.shutdown();
+    drop(stack);
+    let _ = std::fs::remove_file(&file);
+    let checkpoints = after.checkpoints - before.checkpoints;
+    let ms = after.checkpoint_ms_total - before.checkpoint_ms_total;
+    Ok(KvResult {
+        label: spec.label,
+        throughput: latency.count() as f64 / elapsed,
+        latency,
+        checkpoints,
+        checkpoint_ms: if checkpoints > 0 {
+            ms / checkpoints as f64
+        } else {
+            0.0
+        },
+        waits,
+    })
+}

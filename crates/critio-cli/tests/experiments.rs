@@ -1,0 +1,136 @@
+//! A short smoke run of every experiment and the demo, through the real
+//! `critio` binary: each finishes, prints its tables and one
+//! `target ...: ... PASS|MISS` line per target, and writes JSON of the
+//! documented shape. (Whether targets pass is for the full runs; a smoke run
+//! is too short to judge.)
+
+use std::path::Path;
+use std::process::Command;
+
+use serde_json::Value;
+
+fn critio(args: &[&str]) -> (bool, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_critio"))
+        .args(args)
+        .output()
+        .expect("cannot run the critio binary");
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    (out.status.success(), text)
+}
+
+fn io_uring_file_works(dir: &Path) -> Result<(), String> {
+    let probe = critio::device::uring::UringDevice::open(
+        dir.join("probe.img"),
+        critio::device::uring::UringOptions {
+            create_size: Some(1 << 20),
+            ..Default::default()
+        },
+    );
+    probe.map(|_| ()).map_err(|e| e.to_string())
+}
+
+/// Checks the JSON shape every experiment writes.
+fn check_json(path: &Path, name: &str) {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{name}: no JSON: {e}"));
+    let v: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{name}: bad JSON: {e}"));
+    assert_eq!(v["experiment"], name);
+    let tables = v["tables"].as_array().expect("tables");
+    assert!(!tables.is_empty(), "{name}: no table");
+    for t in tables {
+        let width = t["columns"].as_array().expect("columns").len();
+        for row in t["rows"].as_array().expect("rows") {
+            assert_eq!(
+                row.as_array().expect("row").len(),
+                width,
+                "{name}: ragged row"
+            );
+        }
+    }
+    let targets = v["targets"].as_array().expect("targets");
+    assert!(!targets.is_empty(), "{name}: no target");
+    for t in targets {
+        assert!(
+            t["measured"].is_number(),
+            "{name}: target without a measurement"
+        );
+        assert!(t["pass"].is_boolean());
+        assert!(t["goal"].is_object(), "{name}: goal {:?}", t["goal"]);
+    }
+}
+
+#[test]
+fn every_experiment_runs_short_and_reports() {
+    let dir = std::env::temp_dir().join(format!("critio-smoke-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (ok, list) = critio(&["bench", "--list"]);
+    assert!(ok, "{list}");
+    let names: Vec<String> = list
+        .lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .map(str::to_owned)
+        .collect();
+    assert!(names.len() >= 8, "{list}");
+    for name in &names {
+        let json = dir.join(format!("{name}.json"));
+        let mut args = vec![
+            "bench",
+            name.as_str(),
+            "--quick",
+            "--json",
+            json.to_str().unwrap(),
+        ];
+        let file_arg = format!("file:{}", dir.join("real.img").display());
+        if name == "real-device-mix" {
+            if let Err(why) = io_uring_file_works(&dir) {
+                eprintln!("skipped real-device-mix: {why}");
+                continue;
+            }
+            args.extend(["--device", file_arg.as_str()]);
+        }
+        if name == "kv-background" && which("redis-benchmark").is_none() {
+            eprintln!("skipped kv-background: redis-benchmark is not installed");
+            continue;
+        }
+        let (ok, out) = critio(&args);
+        assert!(ok, "{name} failed:\n{out}");
+        assert!(out.lines().any(|l| l.starts_with("target ") && (l.ends_with(" PASS") || l.ends_with(" MISS"))), "{name}:\n{out}");
+        check_json(&json, name);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn the_quick_demo_runs_and_writes_its_plots() {
+    let dir = std::env::temp_dir().join(format!("critio-demo-smoke-{}", std::process::id()));
+    let (ok, out) = critio(&["demo", "--quick", "--out", dir.to_str().unwrap()]);
+    assert!(ok, "{out}");
+    for f in ["demo.json", "demo-ccdf.png", "demo-ccdf.svg"] {
+        let meta = std::fs::metadata(dir.join(f)).unwrap_or_else(|e| panic!("{f}: {e}\n{out}"));
+        assert!(meta.len() > 1000, "{f} is too small");
+    }
+    assert!(out.contains("target rcp-p99.9-better-than-none"), "{out}");
+    check_json(&dir.join("demo.json"), "demo");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn unknown_experiments_and_bad_workloads_are_clear_errors() {
+    let (ok, out) = critio(&["bench", "no-such-thing"]);
+    assert!(!ok);
+    assert!(out.contains("available:"), "{out}");
+    let bad = std::env::temp_dir().join(format!("critio-bad-{}.toml", std::process::id()));
+    std::fs::write(&bad, "records = \"many\"").unwrap();
+    let (ok, out) = critio(&["demo", "--workload", bad.to_str().unwrap()]);
+    assert!(!ok);
+    assert!(out.contains("records"), "{out}");
+    let _ = std::fs::remove_file(&bad);
+}
+
+fn which(program: &str) -> Option<std::path::PathBuf> {
+    std::env::var_os("PATH")?
+        .to_str()?
+        .split(':')
+        .map(|d| Path::new(d).join(program))
+        .find(|p| p.is_file())
+}
