@@ -99,10 +99,11 @@ fn stack_config(w: &KvWorkload, device: DeviceSpec, spec: &RunSpec) -> StackConf
             ..EngineConfig::default()
         },
         tweak: spec.tweak,
+        write_cache: None,
     }
 }
 
-fn value(rng: &mut SmallRng, len: usize) -> Vec<u8> {
+pub(crate) fn value(rng: &mut SmallRng, len: usize) -> Vec<u8> {
     (0..len).map(|_| rng.gen_range(b'a'..=b'z')).collect()
 }
 
@@ -147,7 +148,7 @@ pub fn preload(w: &KvWorkload, progress: &ProgressBar) -> Result<Template, Strin
 }
 
 /// One client's closed loop until `stop`; records latencies after `measure`.
-fn client(
+pub(crate) fn client(
     addr: std::net::SocketAddr,
     w: &KvWorkload,
     seed: u64,

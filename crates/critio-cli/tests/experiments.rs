@@ -59,6 +59,32 @@ fn check_json(path: &Path, name: &str) {
     }
 }
 
+const E4_SMALL: &str = r#"
+[load]
+records = 2000
+quick_records = 2000
+value_bytes = 512
+read_proportion = 0.2
+distribution = "zipfian"
+zipf_theta = 0.99
+clients = 4
+duration_s = 1.0
+warmup_s = 0.2
+quick_duration_s = 0.5
+device = "sim:hdd"
+capacity_bytes = 268435456
+cache_bytes = 16777216
+checkpoint_interval_ms = 200
+bgsave_every_s = 0.0
+buckets = 512
+
+[write_cache]
+device = "sim:ssd"
+sizes_mib = [4]
+quick_sizes_mib = [4]
+full = "stall"
+"#;
+
 #[test]
 fn every_experiment_runs_short_and_reports() {
     let dir = std::env::temp_dir().join(format!("critio-smoke-{}", std::process::id()));
@@ -91,6 +117,13 @@ fn every_experiment_runs_short_and_reports() {
         if name == "kv-background" && which("redis-benchmark").is_none() {
             eprintln!("skipped kv-background: redis-benchmark is not installed");
             continue;
+        }
+        let small = dir.join("e4-small.toml");
+        if name == "e4-write-cache" {
+            // Ten runs of the built-in quick load take minutes: one size, a
+            // small store.
+            std::fs::write(&small, E4_SMALL).unwrap();
+            args.extend(["--workload", small.to_str().unwrap()]);
         }
         let (ok, out) = critio(&args);
         assert!(ok, "{name} failed:\n{out}");

@@ -15,6 +15,16 @@
 //! `kernel-idle` is the best a user can do today with `ionice -c3` on the
 //! background threads: the I/O scheduler serves idle-class requests only
 //! when nothing else waits, and nothing else in the stack knows about it.
+//!
+//! With a [`WriteCacheSpec`], the device is a [`WriteCache`] (critio's
+//! `nvwc`) of a fast cache device in front of the configured one, attached
+//! to the block layer so that promotion of a write already at the backing
+//! device reissues it to the cache (paper 002):
+//!
+//! ```text
+//!  engine ─> page cache / log ─> block layer ─> WriteCache ─┬─> cache device (admitted writes)
+//!                                      └── at-device hook ──┘─> backing device (the rest)
+//! ```
 
 use std::fmt;
 use std::str::FromStr;
@@ -25,6 +35,7 @@ use critio::cache::PageCache;
 use critio::config::Config;
 use critio::device::uring::ClassPriorities;
 use critio::device::{Device, DeviceSpec, OpenOptions};
+use critio::nvwc::{NvwcConfig, WriteCache};
 use serde::{Deserialize, Serialize};
 
 use crate::engine::{Engine, EngineConfig, EngineError, Parts};
@@ -135,6 +146,19 @@ pub struct StackConfig {
     /// A change applied after the scheme's switches (the ablation runs of
     /// the experiments switch one component off this way).
     pub tweak: Option<fn(&mut Config)>,
+    /// A non-volatile write cache in front of `device` (None: none).
+    pub write_cache: Option<WriteCacheSpec>,
+}
+
+/// A write cache in front of the store's device.
+#[derive(Clone, Debug)]
+pub struct WriteCacheSpec {
+    /// The cache device (a simulated SSD, or a file on fast storage). A
+    /// simulated or memory device is sized by
+    /// [`NvwcConfig::cache_device_bytes`]; a file must be at least that.
+    pub device: DeviceSpec,
+    /// The write cache: policy, size, writeback.
+    pub config: NvwcConfig,
 }
 
 /// critio's defaults with a log sized for key-value writes (a record holds
@@ -160,14 +184,17 @@ impl Default for StackConfig {
             critio: default_critio_config(),
             engine: EngineConfig::default(),
             tweak: None,
+            write_cache: None,
         }
     }
 }
 
 /// An open store and the layers under it.
 pub struct Stack {
-    /// The device.
+    /// The device under the block layer (the write cache, if there is one).
     pub device: Arc<dyn Device>,
+    /// The write cache, if the store has one.
+    pub write_cache: Option<Arc<WriteCache>>,
     /// The block layer.
     pub block: Arc<BlockLayer>,
     /// The page cache.
@@ -193,10 +220,32 @@ impl Stack {
             seed: cfg.seed,
             priorities: cfg.scheme.device_priorities(),
         };
-        let device = cfg
+        let mut device = cfg
             .device
             .open(opts)
             .map_err(|e| EngineError::Config(e.to_string()))?;
+        let write_cache = match &cfg.write_cache {
+            None => None,
+            Some(wc) => {
+                wc.config
+                    .validate()
+                    .map_err(|e| EngineError::Config(format!("nvwc: {e}")))?;
+                let cache_opts = OpenOptions {
+                    capacity: wc.config.cache_device_bytes(),
+                    seed: cfg.seed.wrapping_add(1),
+                    ..opts
+                };
+                let cache_dev = wc.device.open(cache_opts).map_err(|e| {
+                    EngineError::Config(format!("write cache device {}: {e}", wc.device))
+                })?;
+                let wc = Arc::new(
+                    WriteCache::new(cache_dev, device, wc.config)
+                        .map_err(|e| EngineError::Config(format!("write cache: {e}")))?,
+                );
+                device = wc.clone();
+                Some(wc)
+            }
+        };
         if config.context.kernel_mirror {
             critio::context::set_kernel_mirror(Some(ClassPriorities::LEVELS));
         }
@@ -204,6 +253,9 @@ impl Stack {
             BlockLayer::new(device.clone(), config.block)
                 .map_err(|e| EngineError::Config(e.to_string()))?,
         );
+        if let Some(wc) = &write_cache {
+            wc.attach(&block);
+        }
         let cache = Arc::new(
             PageCache::new(block.clone(), config.cache, &config.sync)
                 .map_err(|e| EngineError::Config(e.to_string()))?,
@@ -216,6 +268,7 @@ impl Stack {
         let engine = Arc::new(Engine::open(parts, cfg.engine, config.log)?);
         Ok(Stack {
             device,
+            write_cache,
             block,
             cache,
             engine,

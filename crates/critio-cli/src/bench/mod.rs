@@ -8,6 +8,7 @@ mod cache_entanglement;
 mod e1_request_latency;
 mod e2_device_priority;
 mod e3_antagonists;
+mod e4_write_cache;
 mod e5_ablation;
 mod kv_background;
 mod lock_overhead;
@@ -73,6 +74,12 @@ pub const EXPERIMENTS: &[Experiment] = &[
         name: "e3-antagonists",
         about: "paper 004: fg random reads vs 1..16 sequential antagonists on the simulated HDD",
         run: e3_antagonists::run,
+        in_results: true,
+    },
+    Experiment {
+        name: "e4-write-cache",
+        about: "paper 002 Fig. 4a: critio-kv on a sim HDD behind a write cache, every admission policy x cache size",
+        run: e4_write_cache::run,
         in_results: true,
     },
     Experiment {

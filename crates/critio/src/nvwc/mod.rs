@@ -223,7 +223,14 @@ impl WriteCache {
             name,
             capacity: layout.capacity(),
             block_size: cfg.block_bytes,
-            queue_depth: cache.info().queue_depth.max(backing.info().queue_depth),
+            // Commands go on to two devices, each with its own queue: a
+            // bypassed write holds its slot until the slow device (and a
+            // grouped flush) completes it, which must not take the slots
+            // of the writes the cache would finish at once.
+            queue_depth: cache
+                .info()
+                .queue_depth
+                .saturating_add(backing.info().queue_depth),
         };
         let core = Core::new(layout.slots, &opened.placed, opened.next_seq);
         let shared = Arc::new(Shared {
