@@ -276,3 +276,76 @@ impl Stack {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use critio::nvwc::Policy;
+
+    use super::*;
+    use crate::engine::SetOptions;
+
+    fn behind_a_write_cache(policy: Policy) -> StackConfig {
+        StackConfig {
+            device: DeviceSpec::Mem,
+            capacity: 64 << 20,
+            engine: EngineConfig {
+                buckets: 64,
+                log_bytes: 32 << 20,
+                checkpoint_interval_ms: 0,
+                ..EngineConfig::default()
+            },
+            write_cache: Some(WriteCacheSpec {
+                device: DeviceSpec::Mem,
+                config: NvwcConfig {
+                    policy,
+                    cache_bytes: 4 << 20,
+                    ..NvwcConfig::default()
+                },
+            }),
+            ..StackConfig::default()
+        }
+    }
+
+    #[test]
+    fn a_store_behind_a_write_cache_caches_what_requests_wait_for() {
+        let stack = Stack::open(&behind_a_write_cache(Policy::CpPi)).unwrap();
+        let wc = stack.write_cache.clone().expect("a write cache");
+        assert!(Arc::ptr_eq(&stack.device, &(wc.clone() as Arc<dyn Device>)));
+        let start = wc.stats();
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                critio::context::set_foreground();
+                for i in 0..20 {
+                    let key = format!("k{i}");
+                    stack
+                        .engine
+                        .set(key.as_bytes(), b"v", SetOptions::default())
+                        .unwrap();
+                }
+            });
+        });
+        let served = wc.stats();
+        assert!(
+            served.cached_writes > start.cached_writes,
+            "the log writer inherits from the committing requests: {served:?}"
+        );
+        // This thread is background: its checkpoint bypasses the cache.
+        stack.engine.save().unwrap();
+        let saved = wc.stats();
+        assert!(
+            saved.bypassed_writes > served.bypassed_writes,
+            "a background checkpoint goes to the backing device: {saved:?}"
+        );
+        assert_eq!(stack.engine.get(b"k7").unwrap().as_deref(), Some(&b"v"[..]));
+    }
+
+    #[test]
+    fn a_bad_write_cache_config_is_a_clear_error() {
+        let mut cfg = behind_a_write_cache(Policy::All);
+        if let Some(wc) = &mut cfg.write_cache {
+            wc.config.cache_bytes = 0;
+        }
+        let err = Stack::open(&cfg).err().expect("refused").to_string();
+        assert!(err.contains("nvwc"), "{err}");
+    }
+}

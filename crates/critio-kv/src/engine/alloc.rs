@@ -11,12 +11,6 @@
 //!     point to it), and while a snapshot started at or before f runs
 //! ```
 //!
-//! Allocation is first fit from the lowest free page, so the region stays
-//! as compact as the live data: a freed page is the next one reused, and
-//! the pages an update writes are mostly pages the page cache already
-//! holds. (A rotating cursor instead sweeps the whole region, and the cache
-//! fills with dead pages that push live ones out.)
-//!
 //! Page 0 is reserved (the null page number).
 
 /// Pages freed but not yet reusable: (epoch freed in, first page, count).
@@ -30,8 +24,7 @@ pub(crate) struct Allocator {
     epoch: u32,
     pending: Vec<Pending>,
     pinned_from: Option<u32>,
-    /// No page below it is free.
-    low: u64,
+    cursor: u64,
     in_use: u64,
 }
 
@@ -47,7 +40,7 @@ impl Allocator {
             epoch: 1,
             pending: Vec::new(),
             pinned_from: None,
-            low: 1,
+            cursor: 1,
             in_use: 0,
         };
         a.set(0, true);
@@ -86,41 +79,34 @@ impl Allocator {
         }
     }
 
-    /// `n` contiguous free pages, first fit from the lowest free page.
+    /// `n` contiguous free pages, first fit from a rotating cursor.
     pub(crate) fn alloc(&mut self, n: u32) -> Option<u64> {
         assert!(n >= 1);
         let n = u64::from(n);
-        let mut first_free = None;
-        let (mut p, mut start, mut run) = (self.low, self.low, 0);
-        while p < self.pages {
-            if p % 64 == 0 && self.used[(p / 64) as usize] == u64::MAX {
-                p += 64;
-                (start, run) = (p, 0);
+        let mut start = self.cursor;
+        let mut run = 0;
+        for _ in 0..self.pages + n {
+            if start + run >= self.pages {
+                start = 1;
+                run = 0;
                 continue;
             }
-            if self.is_used(p) {
-                (start, run) = (p + 1, 0);
-            } else {
-                first_free.get_or_insert(p);
-                run += 1;
-                if run == n {
-                    for q in start..start + n {
-                        self.set(q, true);
-                        self.epoch_of[q as usize] = self.epoch;
-                    }
-                    // Everything from `low` to the run is in use unless a
-                    // free page too short for the run was passed.
-                    self.low = match first_free {
-                        Some(f) if f < start => f,
-                        _ => start + n,
-                    };
-                    self.in_use += n;
-                    return Some(start);
-                }
+            if self.is_used(start + run) {
+                start = start + run + 1;
+                run = 0;
+                continue;
             }
-            p += 1;
+            run += 1;
+            if run == n {
+                for p in start..start + n {
+                    self.set(p, true);
+                    self.epoch_of[p as usize] = self.epoch;
+                }
+                self.cursor = start + n;
+                self.in_use += n;
+                return Some(start);
+            }
         }
-        self.low = first_free.unwrap_or(self.pages);
         None
     }
 
@@ -144,7 +130,6 @@ impl Allocator {
             assert!(self.is_used(p), "double free of page {p}");
             self.set(p, false);
         }
-        self.low = self.low.min(page);
         self.in_use -= u64::from(n);
     }
 
@@ -251,33 +236,14 @@ mod tests {
     }
 
     #[test]
-    fn contiguous_runs_fit_first_and_exhaustion_is_none() {
+    fn contiguous_runs_wrap_and_exhaustion_is_none() {
         let mut a = Allocator::new(8);
         let runs: Vec<u64> = (0..3).map(|_| a.alloc(2).unwrap()).collect();
         assert_eq!(runs, vec![1, 3, 5]);
         assert_eq!(a.alloc(2), None, "only page 7 is left");
         a.free(3, 2);
-        assert_eq!(a.alloc(2), Some(3), "the freed run");
+        assert_eq!(a.alloc(2), Some(3), "wraps to the freed run");
         let restored = Allocator::restore(8, &a.live_bitmap());
         assert_eq!(restored.in_use(), 6);
-    }
-
-    #[test]
-    fn the_lowest_free_pages_are_reused_first() {
-        let mut a = Allocator::new(200);
-        let pages: Vec<u64> = (0..150).map(|_| a.alloc(1).unwrap()).collect();
-        assert_eq!(pages, (1..151).collect::<Vec<_>>());
-        a.free(100, 1);
-        a.free(7, 1);
-        a.free(70, 2);
-        assert_eq!(a.alloc(2), Some(70), "page 7 is too short for two");
-        assert_eq!(a.alloc(1), Some(7));
-        assert_eq!(a.alloc(1), Some(100));
-        assert_eq!(a.alloc(1), Some(151), "then past the used ones");
-        let mut b = Allocator::new(130);
-        assert_eq!(b.alloc(129), Some(1), "across whole words");
-        assert_eq!(b.alloc(1), None);
-        b.free(64, 1);
-        assert_eq!(b.alloc(1), Some(64));
     }
 }
