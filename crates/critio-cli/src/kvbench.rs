@@ -148,7 +148,7 @@ pub fn preload(w: &KvWorkload, progress: &ProgressBar) -> Result<Template, Strin
 }
 
 /// One client's closed loop until `stop`; records latencies after `measure`.
-pub(crate) fn client(
+fn client(
     addr: std::net::SocketAddr,
     w: &KvWorkload,
     seed: u64,
@@ -188,6 +188,83 @@ pub(crate) fn client(
     Ok(hist)
 }
 
+/// What one measured window of client load gave.
+pub(crate) struct Window<T> {
+    /// Request latencies in the window.
+    pub latency: LatencyHistogram,
+    /// The window's length, in seconds.
+    pub elapsed: f64,
+    /// Where critical tasks waited in the window.
+    pub waits: MetricsSnapshot,
+    /// What `observe` returned as the window opened, and as it closed.
+    pub before: T,
+    pub after: T,
+}
+
+/// Serves `stack` over RESP on loopback, runs `w.clients` closed-loop
+/// clients, warms up for `w.warmup_s`, then measures for `secs`: metrics
+/// are reset as the window opens, `observe` is called as it opens and
+/// closes, and `tick` every 100 ms within it. Shuts the server down.
+pub(crate) fn measure_window<T>(
+    stack: &Stack,
+    cfg: &StackConfig,
+    w: &KvWorkload,
+    secs: f64,
+    progress: &ProgressBar,
+    observe: impl Fn() -> T,
+    mut tick: impl FnMut(),
+) -> Result<Window<T>, String> {
+    let server = Server::start(
+        ServerConfig {
+            bind: "127.0.0.1:0".into(),
+            ..ServerConfig::default()
+        },
+        Backend::of(stack, cfg),
+    )
+    .map_err(|e| e.to_string())?;
+    let addr = server.local_addr();
+    let (stop, measure, ops) = (
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(AtomicU64::new(0)),
+    );
+    let clients: Vec<_> = (0..w.clients)
+        .map(|i| {
+            let (w, stop, measure, ops) = (w.clone(), stop.clone(), measure.clone(), ops.clone());
+            std::thread::spawn(move || client(addr, &w, 100 + i as u64, &stop, &measure, &ops))
+        })
+        .collect();
+    progress.set_message("warming up");
+    std::thread::sleep(Duration::from_secs_f64(w.warmup_s));
+    metrics::global().reset();
+    let before = observe();
+    measure.store(true, Ordering::Relaxed);
+    let start = Instant::now();
+    while start.elapsed().as_secs_f64() < secs {
+        std::thread::sleep(Duration::from_millis(100));
+        progress.set_position((start.elapsed().as_secs_f64() / secs * 1000.0) as u64);
+        progress.set_message(format!("{} ops", ops.load(Ordering::Relaxed)));
+        tick();
+    }
+    measure.store(false, Ordering::Relaxed);
+    let elapsed = start.elapsed().as_secs_f64();
+    let waits = metrics::global().snapshot();
+    let after = observe();
+    stop.store(true, Ordering::Relaxed);
+    let mut latency = LatencyHistogram::new();
+    for c in clients {
+        latency.merge(&c.join().map_err(|_| "client thread panicked")??);
+    }
+    server.shutdown();
+    Ok(Window {
+        latency,
+        elapsed,
+        waits,
+        before,
+        after,
+    })
+}
+
 /// Runs one configuration on a copy of the template.
 pub fn run(
     w: &KvWorkload,
@@ -204,56 +281,29 @@ pub fn run(
     let cfg = stack_config(w, t.device(&file), spec);
     let stack = Stack::open(&cfg).map_err(|e| e.to_string())?;
     let engine = stack.engine.clone();
-    let server = Server::start(
-        ServerConfig {
-            bind: "127.0.0.1:0".into(),
-            ..ServerConfig::default()
-        },
-        Backend::of(&stack, &cfg),
-    )
-    .map_err(|e| e.to_string())?;
-    let addr = server.local_addr();
-    let (stop, measure, ops) = (
-        Arc::new(AtomicBool::new(false)),
-        Arc::new(AtomicBool::new(false)),
-        Arc::new(AtomicU64::new(0)),
-    );
-    let clients: Vec<_> = (0..w.clients)
-        .map(|i| {
-            let (w, stop, measure, ops) = (w.clone(), stop.clone(), measure.clone(), ops.clone());
-            std::thread::spawn(move || client(addr, &w, 100 + i as u64, &stop, &measure, &ops))
-        })
-        .collect();
-    std::thread::sleep(Duration::from_secs_f64(w.warmup_s));
-    metrics::global().reset();
-    let before = engine.background_stats();
-    measure.store(true, Ordering::Relaxed);
-    let start = Instant::now();
     let mut last_bgsave = Instant::now();
-    while start.elapsed().as_secs_f64() < secs {
-        std::thread::sleep(Duration::from_millis(100));
-        progress.set_position((start.elapsed().as_secs_f64() / secs * 1000.0) as u64);
-        progress.set_message(format!("{} ops", ops.load(Ordering::Relaxed)));
-        if spec.background
-            && w.bgsave_every_s > 0.0
-            && last_bgsave.elapsed().as_secs_f64() >= w.bgsave_every_s
-        {
-            let _ = engine.bgsave(); // "already in progress" is fine
-            last_bgsave = Instant::now();
-        }
-    }
-    measure.store(false, Ordering::Relaxed);
-    let elapsed = start.elapsed().as_secs_f64();
-    let waits = metrics::global().snapshot();
-    let after = engine.background_stats();
-    stop.store(true, Ordering::Relaxed);
-    let mut latency = LatencyHistogram::new();
-    for c in clients {
-        latency.merge(&c.join().map_err(|_| "client thread panicked")??);
-    }
-    server.shutdown();
+    let win = measure_window(
+        &stack,
+        &cfg,
+        w,
+        secs,
+        progress,
+        || engine.background_stats(),
+        || {
+            if spec.background
+                && w.bgsave_every_s > 0.0
+                && last_bgsave.elapsed().as_secs_f64() >= w.bgsave_every_s
+            {
+                let _ = engine.bgsave(); // "already in progress" is fine
+                last_bgsave = Instant::now();
+            }
+        },
+    )?;
+    drop(engine);
     drop(stack);
     let _ = std::fs::remove_file(&file);
+    let (before, after, latency, elapsed, waits) =
+        (win.before, win.after, win.latency, win.elapsed, win.waits);
     let checkpoints = after.checkpoints - before.checkpoints;
     let ms = after.checkpoint_ms_total - before.checkpoint_ms_total;
     Ok(KvResult {

@@ -30,16 +30,11 @@
 //! and when it cannot keep up, requests wait in the cache's dirty
 //! throttling (the wait-point tables show where the time went).
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
-use std::time::{Duration, Instant};
-
 use critio::block::NoncriticalCap;
 use critio::device::DeviceSpec;
-use critio::metrics::{self, LatencyHistogram, MetricsSnapshot};
+use critio::metrics::{LatencyHistogram, MetricsSnapshot};
 use critio::nvwc::{FullPolicy, NvwcConfig, NvwcStats, Policy};
 use critio_kv::engine::EngineConfig;
-use critio_kv::server::{Backend, Server, ServerConfig};
 use critio_kv::stack::{default_critio_config, WriteCacheSpec};
 use critio_kv::{Scheme, Stack, StackConfig};
 use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
@@ -245,50 +240,17 @@ fn one_run(
         .clone()
         .expect("the stack has a write cache");
     let engine = stack.engine.clone();
-    let server = Server::start(
-        ServerConfig {
-            bind: "127.0.0.1:0".into(),
-            ..ServerConfig::default()
-        },
-        Backend::of(&stack, &cfg),
-    )
-    .map_err(|e| e.to_string())?;
-    let addr = server.local_addr();
-    let (stop, measure, ops) = (
-        Arc::new(AtomicBool::new(false)),
-        Arc::new(AtomicBool::new(false)),
-        Arc::new(AtomicU64::new(0)),
-    );
-    let clients: Vec<_> = (0..load.clients)
-        .map(|i| {
-            let (w, stop, measure, ops) =
-                (load.clone(), stop.clone(), measure.clone(), ops.clone());
-            std::thread::spawn(move || {
-                kvbench::client(addr, &w, 100 + i as u64, &stop, &measure, &ops)
-            })
-        })
-        .collect();
-    pb.set_message("warming up");
-    std::thread::sleep(Duration::from_secs_f64(load.warmup_s));
-    metrics::global().reset();
-    let before = (wc.stats(), engine.background_stats());
-    measure.store(true, Ordering::Relaxed);
-    let start = Instant::now();
-    while start.elapsed().as_secs_f64() < secs {
-        std::thread::sleep(Duration::from_millis(100));
-        pb.set_position((start.elapsed().as_secs_f64() / secs * 1000.0) as u64);
-        pb.set_message(format!("{} ops", ops.load(Ordering::Relaxed)));
-    }
-    measure.store(false, Ordering::Relaxed);
-    let elapsed = start.elapsed().as_secs_f64();
-    let after = (wc.stats(), engine.background_stats());
-    let waits = metrics::global().snapshot();
-    stop.store(true, Ordering::Relaxed);
-    let mut latency = LatencyHistogram::new();
-    for c in clients {
-        latency.merge(&c.join().map_err(|_| "client thread panicked")??);
-    }
-    server.shutdown();
+    let win = kvbench::measure_window(
+        &stack,
+        &cfg,
+        load,
+        secs,
+        pb,
+        || (wc.stats(), engine.background_stats()),
+        || {},
+    )?;
+    let (before, after, latency, elapsed, waits) =
+        (win.before, win.after, win.latency, win.elapsed, win.waits);
     drop(wc);
     drop(engine);
     drop(stack);
