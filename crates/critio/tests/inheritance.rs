@@ -125,6 +125,61 @@ fn inheritance_switched_off_leaves_the_holder_non_critical() {
 }
 
 #[test]
+fn a_critical_waiter_is_handed_the_lock_before_a_barging_non_critical_locker() {
+    const NAME: &str = "scenario: no barging";
+    let lock = Arc::new(Mutex::named(NAME, Vec::new()));
+    let held = Arc::new(Barrier::new(2));
+    let (release_tx, release_rx) = gate();
+    let (holder, bg) = {
+        let (lock, held) = (lock.clone(), held.clone());
+        spawn_task(move || {
+            let mut g = lock.lock();
+            held.wait();
+            release_rx.recv().unwrap();
+            g.push("holder");
+            drop(g);
+            // Running, and re-taking the lock at once: it would barge past
+            // a woken non-critical waiter.
+            lock.lock().push("holder again");
+        })
+    };
+    held.wait();
+    // Another non-critical task trying to take the lock the whole time.
+    let barger = {
+        let lock = lock.clone();
+        std::thread::spawn(move || loop {
+            if let Some(mut g) = lock.try_lock() {
+                g.push("barger");
+                return;
+            }
+            std::thread::yield_now();
+        })
+    };
+    let (waiter, fg) = {
+        let lock = lock.clone();
+        spawn_task(move || {
+            context::set_foreground();
+            lock.lock().push("foreground");
+        })
+    };
+    wait_blocked(&waiter, BlockingStatus::Lock { name: NAME });
+    wait_until("the holder inherits", || holder.is_critical());
+
+    release_tx.send(()).unwrap();
+    bg.join().unwrap();
+    fg.join().unwrap();
+    barger.join().unwrap();
+    let order = lock.lock().clone();
+    assert_eq!(
+        order[..2],
+        ["holder", "foreground"],
+        "the critical waiter went first: {order:?}"
+    );
+    assert_eq!(order.len(), 4, "{order:?}");
+    assert_eq!(holder.inherited_count(), 0);
+}
+
+#[test]
 fn every_reader_of_an_rwlock_inherits_and_each_is_revoked_as_it_leaves() {
     let lock = Arc::new(RwLock::named("scenario: rw", 0));
     let reading = Arc::new(Barrier::new(3));

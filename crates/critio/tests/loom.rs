@@ -115,7 +115,7 @@ fn mutex_background_holder_and_foreground_waiter() {
 }
 
 #[test]
-fn mutex_three_contenders_hand_off_fifo() {
+fn mutex_three_contenders() {
     model(3, || {
         let m = Arc::new(Mutex::named("loom: m3", 0u32));
         let spawn = |m: Arc<Mutex<u32>>| {
@@ -129,6 +129,101 @@ fn mutex_three_contenders_hand_off_fifo() {
         as_foreground(|| *m.lock() += 1);
         for t in [a.join().unwrap(), b.join().unwrap()] {
             assert_eq!(t.inherited_count(), 0);
+        }
+        assert_eq!(*m.lock(), 3);
+    });
+}
+
+#[test]
+fn mutex_woken_waiter_loses_to_a_relocking_holder() {
+    // The holder re-takes the lock while the waiter it woke is on its way
+    // (barging); the waiter queues again at the front and, having lost
+    // once (LOST_MAX is 1 under loom), is handed the lock next time.
+    model(3, || {
+        let m = Arc::new(Mutex::named("loom: barge", 0u32));
+        let relocker = {
+            let m = m.clone();
+            thread::spawn(move || {
+                for _ in 0..2 {
+                    *m.lock() += 1;
+                }
+                context::current()
+            })
+        };
+        let waiter = {
+            let m = m.clone();
+            thread::spawn(move || {
+                *m.lock() += 1;
+                context::current()
+            })
+        };
+        for t in [relocker.join().unwrap(), waiter.join().unwrap()] {
+            assert_eq!(t.inherited_count(), 0);
+        }
+        assert_eq!(*m.lock(), 3);
+    });
+}
+
+#[test]
+fn mutex_critical_waiter_is_never_barged_past() {
+    model(3, || {
+        let m = Arc::new(Mutex::named("loom: no barge", Vec::new()));
+        let held = Arc::new(AtomicBool::new(false));
+        let bg = {
+            let (m, held) = (m.clone(), held.clone());
+            thread::spawn(move || {
+                let mut g = m.lock();
+                held.store(true, Ordering::SeqCst);
+                until_inherits(); // the foreground task is queued
+                g.push("bg");
+                drop(g);
+                m.lock().push("bg again"); // would barge if it could
+            })
+        };
+        while !held.load(Ordering::SeqCst) {
+            thread::yield_now();
+        }
+        as_foreground(|| m.lock().push("fg"));
+        bg.join().unwrap();
+        assert_eq!(*m.lock(), ["bg", "fg", "bg again"]);
+    });
+}
+
+#[test]
+fn mutex_waiter_turning_critical_while_the_lock_is_free_is_handed_it() {
+    // W waits for m while holding n; the holder of m releases it for
+    // barging; the foreground task then waits for n, so W turns critical
+    // while queued on m: whether m is free or re-taken at that moment, W
+    // gets it and every inheritance ends.
+    model(2, || {
+        let m = Arc::new(Mutex::named("loom: free m", 0u32));
+        let n = Arc::new(Mutex::named("loom: free n", ()));
+        let holds_n = Arc::new(AtomicBool::new(false));
+        let holder = {
+            let m = m.clone();
+            thread::spawn(move || {
+                for _ in 0..2 {
+                    *m.lock() += 1;
+                }
+                context::current()
+            })
+        };
+        let w = {
+            let (m, n, holds_n) = (m.clone(), n.clone(), holds_n.clone());
+            thread::spawn(move || {
+                let g = n.lock();
+                holds_n.store(true, Ordering::SeqCst);
+                *m.lock() += 1;
+                drop(g);
+                context::current()
+            })
+        };
+        while !holds_n.load(Ordering::SeqCst) {
+            thread::yield_now();
+        }
+        as_foreground(|| drop(n.lock()));
+        for t in [holder.join().unwrap(), w.join().unwrap()] {
+            assert_eq!(t.inherited_count(), 0, "inheritance revoked");
         }
         assert_eq!(*m.lock(), 3);
     });
@@ -224,5 +319,60 @@ fn rwlock_readers_and_a_foreground_writer() {
             assert_eq!(t.inherited_count(), 0);
         }
         assert_eq!(*l.read(), 1);
+    });
+}
+
+#[test]
+fn rwlock_woken_writer_loses_to_a_relocking_writer() {
+    // Like the mutex model: a writer re-takes the lock while the writer it
+    // woke is on its way; a reader arrives meanwhile.
+    model(2, || {
+        let l = Arc::new(RwLock::named("loom: rw barge", 0u32));
+        let relocker = {
+            let l = l.clone();
+            thread::spawn(move || {
+                for _ in 0..2 {
+                    *l.write() += 1;
+                }
+                context::current()
+            })
+        };
+        let writer = {
+            let l = l.clone();
+            thread::spawn(move || {
+                *l.write() += 1;
+                context::current()
+            })
+        };
+        assert!(*l.read() <= 3);
+        for t in [relocker.join().unwrap(), writer.join().unwrap()] {
+            assert_eq!(t.inherited_count(), 0);
+        }
+        assert_eq!(*l.read(), 3);
+    });
+}
+
+#[test]
+fn rwlock_critical_writer_is_never_barged_past() {
+    model(3, || {
+        let l = Arc::new(RwLock::named("loom: rw no barge", Vec::new()));
+        let held = Arc::new(AtomicBool::new(false));
+        let bg = {
+            let (l, held) = (l.clone(), held.clone());
+            thread::spawn(move || {
+                let mut g = l.write();
+                held.store(true, Ordering::SeqCst);
+                until_inherits(); // the foreground writer is queued
+                g.push("bg");
+                drop(g);
+                l.write().push("bg again"); // would barge if it could
+            })
+        };
+        while !held.load(Ordering::SeqCst) {
+            thread::yield_now();
+        }
+        as_foreground(|| l.write().push("fg"));
+        bg.join().unwrap();
+        assert_eq!(*l.read(), ["bg", "fg", "bg again"]);
     });
 }

@@ -7,10 +7,10 @@
 
 mod common;
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use critio::context::{self, InheritKind, TaskRef};
 use critio::sync::{Condvar, Event, Mutex, RwLock, SyncOptions};
@@ -216,6 +216,50 @@ fn run(seed: u64) {
             "{kind:?}: boosts != revocations; SEED={seed}"
         );
     }
+}
+
+/// A holder that re-takes a mutex in a tight loop barges past the waiter
+/// it woke; the fairness bound (`sync/fair.rs`) still hands the waiter the
+/// lock, for a mutex and for an rwlock's writers.
+#[test]
+fn a_waiter_is_not_starved_by_a_holder_that_keeps_re_taking_the_lock() {
+    fn starve_test(name: &str, take: impl Fn() + Send + Sync + 'static) {
+        let take = Arc::new(take);
+        let got = Arc::new(AtomicBool::new(false));
+        let spinning = Arc::new(AtomicBool::new(false));
+        let spinner = {
+            let (take, got, spinning) = (take.clone(), got.clone(), spinning.clone());
+            std::thread::spawn(move || {
+                let start = Instant::now();
+                let mut rounds = 0u64;
+                while !got.load(Ordering::SeqCst) {
+                    take();
+                    rounds += 1;
+                    spinning.store(true, Ordering::SeqCst);
+                    assert!(
+                        start.elapsed() < WATCHDOG,
+                        "{rounds} rounds and the waiter still has not had the lock"
+                    );
+                }
+                rounds
+            })
+        };
+        while !spinning.load(Ordering::SeqCst) {
+            std::thread::yield_now();
+        }
+        let start = Instant::now();
+        take();
+        got.store(true, Ordering::SeqCst);
+        let rounds = spinner.join().expect("spinner");
+        eprintln!(
+            "{name}: waiter got the lock after {:?} ({rounds} rounds)",
+            start.elapsed()
+        );
+    }
+    let m = Arc::new(Mutex::named("stress: fairness", 0u64));
+    starve_test("mutex", move || *m.lock() += 1);
+    let rw = Arc::new(RwLock::named("stress: rw fairness", 0u64));
+    starve_test("rwlock", move || *rw.write() += 1);
 }
 
 #[test]

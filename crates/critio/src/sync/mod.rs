@@ -16,14 +16,18 @@
 //! blocking status (lock -> owner -> condvar -> helper -> ... -> I/O or
 //! admission stage), bounded and cycle-safe; see [`crate::context`].
 //!
-//! What each class gets: with no critical waiter, these behave like ordinary
-//! FIFO-fair locks (a background waiter is never overtaken by later critical
-//! ones; instead it inherits while they wait behind it). With one, the tasks
-//! it depends on run as critical, so the I/O they issue is served first by
-//! every layer below.
+//! What each class gets: with no critical waiter, the locks behave like
+//! parking_lot's: a running thread may re-take a released lock ahead of the
+//! waiter it woke (no context switch per transfer), and a waiter that has
+//! waited 0.5 ms or lost a few races is handed the lock, so none starves
+//! (`fair.rs`). With a critical waiter queued, every release hands the lock
+//! over in FIFO order (a background waiter ahead of it is not overtaken; it
+//! inherits instead), nobody barges past, and the tasks it depends on run as
+//! critical, so the I/O they issue is served first by every layer below.
 
 mod condvar;
 mod event;
+mod fair;
 mod helpers;
 mod mutex;
 mod rwlock;

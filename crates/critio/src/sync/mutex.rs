@@ -7,27 +7,39 @@
 //! ```text
 //!   bits 2..64      bit 1        bit 0
 //!  +-------------+------------+--------+
-//!  | owner id    | CONTENDED  | LOCKED |     0 == free
-//!  +-------------+------------+--------+
+//!  | owner id    | CONTENDED  | LOCKED |     0 == free, no waiter
+//!  +-------------+------------+--------+     CONTENDED alone == free, waiters queued
 //! ```
 //!
 //! Once a waiter sets CONTENDED (under the side lock), the owner can no longer
 //! release with its fast CAS: it takes the slow path, revokes its inherited
-//! criticality and hands the lock directly to the first waiter (FIFO, so a
-//! background waiter is never starved by a stream of critical ones; a
-//! critical waiter behind it makes it inherit instead).
+//! criticality and either hands the lock to the first waiter or releases it
+//! and wakes the first waiter to retry, by the rule in `fair.rs`:
 //!
-//! | waiters              | owner's class                |
-//! |----------------------|------------------------------|
-//! | none                 | its own                      |
-//! | only non-critical    | its own                      |
-//! | at least 1 critical  | critical (inherits once)     |
+//! ```text
+//!  unlock_slow ──critical waiter queued, or the first one due──> owner := first waiter (FIFO)
+//!       └──────otherwise──> free; first waiter dequeued and woken ──> barge ──won──> owner
+//!                                                                     └─lost─> queue front again
+//! ```
+//!
+//! So a running thread may re-take a lock nobody critical waits for (as with
+//! parking_lot: no context switch per transfer), a critical waiter is never
+//! barged past, and a non-critical one is handed the lock once it has waited
+//! 0.5 ms or lost [`LOST_MAX`](super::fair::LOST_MAX) races. A queued waiter
+//! that turns critical while the lock is free is handed it at once.
+//!
+//! | waiters              | owner's class                | contended release       |
+//! |----------------------|------------------------------|-------------------------|
+//! | none                 | its own                      | (fast path)             |
+//! | only non-critical    | its own                      | release + wake, or hand-off when due |
+//! | at least 1 critical  | critical (inherits once)     | hand-off, FIFO          |
 
 use std::marker::PhantomData;
 use std::sync::Arc;
 
 use atomic_refcell::{AtomicRefCell, AtomicRefMut};
 
+use super::fair::Turn;
 use super::waiters::{BoostSet, WaiterQueue};
 use super::SyncOptions;
 use crate::context::{
@@ -78,7 +90,7 @@ pub(crate) struct MutexCore {
 }
 
 struct MutexSide {
-    waiters: WaiterQueue<()>,
+    waiters: WaiterQueue<Turn>,
     boosts: BoostSet,
 }
 
@@ -195,11 +207,24 @@ impl MutexCore {
         }
     }
 
+    /// Takes the lock if it is free, even with waiters queued (barging; a
+    /// free lock with waiters means none of them is critical or due).
     #[inline]
     fn try_lock(&self, me: TaskId) -> bool {
-        self.state
-            .compare_exchange(0, locked_by(me), Ordering::Acquire, Ordering::Relaxed)
-            .is_ok()
+        let mut s = self.state.load(Ordering::Relaxed);
+        while s & LOCKED == 0 {
+            debug_assert_eq!(owner_of(s), 0, "a free lock word names no owner");
+            match self.state.compare_exchange_weak(
+                s,
+                s | locked_by(me),
+                Ordering::Acquire,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return true,
+                Err(now) => s = now,
+            }
+        }
+        false
     }
 
     #[inline]
@@ -213,42 +238,59 @@ impl MutexCore {
         }
     }
 
+    /// Barges, queues, parks; a waiter woken to retry that loses the race
+    /// queues again at the front with its turn, until it wins or is handed
+    /// the lock. The wait scope spans all of it (one wait, one record).
     #[cold]
     fn lock_slow(self: &Arc<Self>, me: TaskId) {
-        for _ in spins() {
-            let s = self.state.load(Ordering::Relaxed);
-            if s & CONTENDED != 0 {
-                break; // others are queued: take a place in line
-            }
-            if s == 0 && self.try_lock(me) {
+        let mut scope = None;
+        let mut turn = None;
+        loop {
+            if self.barge(me) {
                 return;
+            }
+            if self.enqueue(me, &mut scope, &mut turn) {
+                return; // acquired on the way in
+            }
+            if self.wait_turn(me) {
+                return; // handed over
+            }
+            turn = turn.map(Turn::lost_once);
+        }
+    }
+
+    /// Takes the lock if it is free, spinning a little while nobody is
+    /// queued. False once the caller should queue.
+    fn barge(&self, me: TaskId) -> bool {
+        let mut spins = spins();
+        loop {
+            if self.try_lock(me) {
+                return true;
+            }
+            if self.state.load(Ordering::Relaxed) & CONTENDED != 0 || spins.next().is_none() {
+                return false; // others are parked: take a place in line
             }
             thread::spin_hint();
         }
-        let Some(scope) = self.enqueue(me) else {
-            return; // acquired on the way in
-        };
-        for _ in spins() {
-            if owner_of(self.state.load(Ordering::Acquire)) == me {
-                return;
-            }
-            thread::spin_hint();
-        }
-        while owner_of(self.state.load(Ordering::Acquire)) != me {
-            thread::park();
-        }
-        drop(scope);
     }
 
     /// Takes the lock if free, else queues the current task (setting
-    /// CONTENDED) and makes the owner inherit if the task is critical.
-    /// Returns the wait scope, or None if the lock was acquired.
-    fn enqueue(self: &Arc<Self>, me: TaskId) -> Option<WaitScope> {
-        let task = context::current();
+    /// CONTENDED): at the back the first time, back at the front with its
+    /// `turn` after a lost retry. Makes the owner inherit if the queue now
+    /// holds a critical waiter. Returns true if the lock was acquired.
+    fn enqueue(
+        self: &Arc<Self>,
+        me: TaskId,
+        scope: &mut Option<WaitScope>,
+        turn: &mut Option<Turn>,
+    ) -> bool {
         let mut flipped = Vec::new();
-        let scope = {
+        {
             let mut side = self.side.lock();
             loop {
+                if self.try_lock(me) {
+                    return true;
+                }
                 let s = self.state.load(Ordering::Acquire);
                 assert!(
                     s & LOCKED == 0 || owner_of(s) != me,
@@ -256,13 +298,7 @@ impl MutexCore {
                     self.opts.name
                 );
                 if s & LOCKED == 0 {
-                    // Free with CONTENDED clear: hand-off never leaves the lock
-                    // free while anyone waits.
-                    debug_assert!(side.waiters.is_empty());
-                    if self.try_lock(me) {
-                        return None;
-                    }
-                    continue;
+                    continue; // released meanwhile: try again
                 }
                 if s & CONTENDED != 0
                     || self
@@ -273,18 +309,61 @@ impl MutexCore {
                     break;
                 }
             }
-            let status = BlockingStatus::Lock {
-                name: self.opts.name,
-            };
-            let scope = WaitScope::record(status, self.clone());
-            side.waiters.push_back(task, ());
+            match *turn {
+                None => {
+                    let status = BlockingStatus::Lock {
+                        name: self.opts.name,
+                    };
+                    let recorded = WaitScope::record(status, self.clone());
+                    let first = Turn::new();
+                    side.waiters.push_back(recorded.task().clone(), first);
+                    *scope = Some(recorded);
+                    *turn = Some(first);
+                }
+                Some(t) => {
+                    let task = scope.as_ref().expect("a queued waiter has a scope").task();
+                    side.waiters.push_front(task.clone(), t);
+                }
+            }
             self.sync_boost(&mut side, &mut flipped);
-            scope
-        };
+        }
         propagate(flipped);
-        Some(scope)
+        false
     }
 
+    /// Parks until the lock is handed over (true) or the task was woken to
+    /// retry (false). A stray unpark finds the task still queued and parks
+    /// again.
+    fn wait_turn(&self, me: TaskId) -> bool {
+        for _ in spins() {
+            if self.owned_by(me) {
+                return true;
+            }
+            thread::spin_hint();
+        }
+        loop {
+            if self.owned_by(me) {
+                return true;
+            }
+            thread::park();
+            // Hand-off and wake-to-retry both dequeue under the side lock.
+            let side = self.side.lock();
+            if self.owned_by(me) {
+                return true;
+            }
+            if !side.waiters.contains(me) {
+                return false;
+            }
+        }
+    }
+
+    fn owned_by(&self, me: TaskId) -> bool {
+        owner_of(self.state.load(Ordering::Acquire)) == me
+    }
+
+    /// A release with waiters queued: hands the lock to the first one if a
+    /// critical waiter is queued or the first one is due; otherwise releases
+    /// it and wakes the first one to retry (see `fair.rs`).
     #[cold]
     fn unlock_slow(&self, me: TaskId) {
         let mut flipped = Vec::new();
@@ -294,17 +373,23 @@ impl MutexCore {
             assert_eq!(owner_of(s), me, "critio Mutex unlocked by a non-owner");
             assert!(s & CONTENDED != 0, "slow unlock without contention");
             side.boosts.revoke(me, &mut flipped);
-            let next = side
+            let front = side
                 .waiters
-                .pop_front()
+                .front()
                 .expect("CONTENDED is set only while a waiter is queued");
-            let contended = if side.waiters.is_empty() {
+            let hand_off = side.waiters.critical() > 0 || front.extra.due();
+            let next = side.waiters.pop_front().expect("front exists");
+            let rest = if side.waiters.is_empty() {
                 0
             } else {
                 CONTENDED
             };
-            self.state
-                .store(locked_by(next.task.id()) | contended, Ordering::Release);
+            let word = if hand_off {
+                locked_by(next.task.id()) | rest
+            } else {
+                rest
+            };
+            self.state.store(word, Ordering::Release);
             self.sync_boost(&mut side, &mut flipped);
             next.task
         };
@@ -312,29 +397,59 @@ impl MutexCore {
         propagate(flipped);
     }
 
+    /// A queued waiter turned critical while the lock is free (released for
+    /// barging, the woken waiter not back yet): hands the lock to the first
+    /// waiter now, so nobody barges past the critical one. Returns the task
+    /// to wake.
+    fn hand_off_if_free(&self, side: &mut MutexSide) -> Option<TaskRef> {
+        if side.waiters.critical() == 0 {
+            return None;
+        }
+        let front = side.waiters.front()?.task.id();
+        let rest = if side.waiters.len() > 1 { CONTENDED } else { 0 };
+        let mut s = self.state.load(Ordering::Acquire);
+        while s & LOCKED == 0 {
+            match self.state.compare_exchange(
+                s,
+                locked_by(front) | rest,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => return side.waiters.pop_front().map(|w| w.task),
+                Err(now) => s = now,
+            }
+        }
+        None // a barger won the race: it inherits instead
+    }
+
     /// Boosts the owner while a critical waiter waits; revokes otherwise.
     fn sync_boost(&self, side: &mut MutexSide, flipped: &mut Vec<TaskRef>) {
         let s = self.state.load(Ordering::Acquire);
         let want_boost = self.opts.inherit && side.waiters.critical() > 0 && s & LOCKED != 0;
-        let desired = if want_boost {
-            vec![owner_of(s)]
-        } else {
-            vec![]
-        };
-        side.boosts.sync(&desired, flipped, context::lookup);
+        let owner = [owner_of(s)];
+        let desired: &[TaskId] = if want_boost { &owner } else { &[] };
+        side.boosts.sync(desired, flipped, context::lookup);
         #[cfg(debug_assertions)]
         {
             side.waiters.check_invariants();
             assert!(side.boosts.is_empty() || s & CONTENDED != 0);
+            assert!(side.waiters.is_empty() || s & CONTENDED != 0);
         }
     }
 }
 
 impl Blocker for MutexCore {
     fn resolve(&self, waiter: &TaskRef, flipped: &mut Vec<TaskRef>) {
-        let mut side = self.side.lock();
-        side.waiters.recount(waiter);
-        self.sync_boost(&mut side, flipped);
+        let wake = {
+            let mut side = self.side.lock();
+            side.waiters.recount(waiter);
+            let wake = self.hand_off_if_free(&mut side);
+            self.sync_boost(&mut side, flipped);
+            wake
+        };
+        if let Some(t) = wake {
+            t.unpark();
+        }
     }
 }
 

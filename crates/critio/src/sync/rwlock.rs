@@ -3,22 +3,35 @@
 //!
 //! All state lives under the side lock, so the holders are always known
 //! exactly (an rwlock has no single owner word to pack into an atomic).
-//! Grants are FIFO: a reader arriving behind a queued writer waits its turn,
-//! so writers are not starved; consecutive readers at the head of the queue
-//! are granted together. A thread that already reads may read again
-//! (re-entrant reads), even with a writer queued.
+//! A reader arriving while readers hold the lock and a writer waits queues
+//! behind the writer, so writers are not starved; consecutive readers at the
+//! head of the queue are granted together. A thread that already reads may
+//! read again (re-entrant reads), even with a writer queued.
+//!
+//! When a release frees the lock, the rule of `fair.rs` decides who gets it:
+//!
+//! | head of the queue                         | at the release                         |
+//! |-------------------------------------------|----------------------------------------|
+//! | readers                                   | granted together (FIFO)                |
+//! | a writer, a critical waiter queued, or the writer due | granted (FIFO hand-off)    |
+//! | a writer, otherwise                       | woken to retry; the lock stays free, so a running thread may take it (barging) |
+//!
+//! A woken writer that loses goes back to the front with its turn. Anyone
+//! who queues while the lock is free serves the queue in order first, so the
+//! lock is never left free with only parked waiters.
 
 use std::marker::PhantomData;
 use std::sync::Arc;
 
 use atomic_refcell::{AtomicRef, AtomicRefCell, AtomicRefMut};
 
+use super::fair::Turn;
 use super::waiters::{BoostSet, WaiterQueue};
 use super::SyncOptions;
 use crate::context::{
     self, propagate, Blocker, BlockingStatus, InheritKind, TaskId, TaskRef, WaitScope,
 };
-use crate::shim::{thread, AtomicBool, Ordering, SideMutex};
+use crate::shim::{thread, AtomicU64, Ordering, SideMutex};
 
 /// A reader-writer lock with priority inheritance, shaped like
 /// `parking_lot::RwLock`.
@@ -38,9 +51,18 @@ enum Want {
     Write,
 }
 
+/// A queued waiter's wake-up word.
+const WAITING: u64 = 0;
+/// The lock was granted to the waiter.
+const GRANTED: u64 = 1;
+/// The waiter was dequeued and woken to retry (the lock was left free).
+const RETRY: u64 = 2;
+
 struct Pending {
     want: Want,
-    granted: Arc<AtomicBool>,
+    /// WAITING, GRANTED or RETRY; set under the side lock.
+    wake: Arc<AtomicU64>,
+    turn: Turn,
 }
 
 struct RwSide {
@@ -74,6 +96,16 @@ impl RwSide {
             .map(|(_, n)| n)
     }
 
+    fn is_free(&self) -> bool {
+        self.writer.is_none() && self.readers.is_empty()
+    }
+
+    /// Whether an arrival may take the free lock ahead of the queue: only
+    /// while no critical task waits and the head is not due.
+    fn may_barge(&self) -> bool {
+        self.waiters.critical() == 0 && self.waiters.front().is_none_or(|w| !w.extra.turn.due())
+    }
+
     /// Grants the lock to the head of the queue if it can run now; returns
     /// the tasks to wake.
     fn grant(&mut self) -> Vec<TaskRef> {
@@ -85,7 +117,7 @@ impl RwSide {
             match front.extra.want {
                 Want::Write if self.readers.is_empty() && woken.is_empty() => {
                     let w = self.waiters.pop_front().expect("front exists");
-                    w.extra.granted.store(true, Ordering::Release);
+                    w.extra.wake.store(GRANTED, Ordering::Release);
                     self.writer = Some(w.task.clone());
                     woken.push(w.task);
                     break;
@@ -93,13 +125,29 @@ impl RwSide {
                 Want::Write => break,
                 Want::Read => {
                     let w = self.waiters.pop_front().expect("front exists");
-                    w.extra.granted.store(true, Ordering::Release);
+                    w.extra.wake.store(GRANTED, Ordering::Release);
                     self.readers.push((w.task.clone(), 1));
                     woken.push(w.task);
                 }
             }
         }
         woken
+    }
+
+    /// The lock has just been freed: grants it to the head of the queue, or,
+    /// if the head is a writer that may be barged past, dequeues it and wakes
+    /// it to retry, leaving the lock free. Returns the tasks to wake.
+    fn on_free(&mut self) -> Vec<TaskRef> {
+        debug_assert!(self.is_free());
+        let Some(front) = self.waiters.front() else {
+            return Vec::new();
+        };
+        if front.extra.want == Want::Read || !self.may_barge() {
+            return self.grant();
+        }
+        let w = self.waiters.pop_front().expect("front exists");
+        w.extra.wake.store(RETRY, Ordering::Release);
+        vec![w.task]
     }
 }
 
@@ -205,7 +253,8 @@ impl<T: Default> Default for RwLock<T> {
 }
 
 impl RwCore {
-    /// Takes the lock now if possible. Returns the task on success.
+    /// Takes the lock now if possible: a re-entrant read, or a free lock
+    /// that nobody queued is owed (see [`RwSide::may_barge`]).
     fn try_take(side: &mut RwSide, task: &TaskRef, want: Want) -> bool {
         match want {
             Want::Read => {
@@ -213,14 +262,15 @@ impl RwCore {
                     *n += 1; // re-entrant read: never queue behind a writer
                     return true;
                 }
-                if side.writer.is_none() && side.waiters.is_empty() {
+                let joins = side.writer.is_none() && side.waiters.is_empty();
+                if joins || (side.is_free() && side.may_barge()) {
                     side.readers.push((task.clone(), 1));
                     return true;
                 }
                 false
             }
             Want::Write => {
-                if side.writer.is_none() && side.readers.is_empty() && side.waiters.is_empty() {
+                if side.is_free() && (side.waiters.is_empty() || side.may_barge()) {
                     side.writer = Some(task.clone());
                     return true;
                 }
@@ -235,38 +285,85 @@ impl RwCore {
         Self::try_take(&mut side, &task, want).then(|| task.id())
     }
 
+    /// Takes the lock, or queues (at the back the first time, at the front
+    /// with its turn after a lost retry) and parks until granted or woken to
+    /// retry. The wait scope spans every retry of the one wait.
     fn acquire(self: &Arc<Self>, want: Want) -> TaskId {
         let task = context::current();
-        let granted = Arc::new(AtomicBool::new(false));
-        let mut flipped = Vec::new();
-        let scope = {
-            let mut side = self.side.lock();
-            if Self::try_take(&mut side, &task, want) {
+        let wake = Arc::new(AtomicU64::new(WAITING));
+        let mut scope = None;
+        let mut turn = None;
+        loop {
+            if self.take_or_queue(&task, want, &wake, &mut scope, &mut turn) {
                 return task.id();
+            }
+            let got = loop {
+                match wake.load(Ordering::Acquire) {
+                    WAITING => thread::park(),
+                    state => break state,
+                }
+            };
+            if got == GRANTED {
+                return task.id(); // the scope drops here: one wait recorded
+            }
+            debug_assert_eq!(got, RETRY);
+            turn = turn.map(Turn::lost_once);
+        }
+    }
+
+    /// Under the side lock: takes the lock (true), or queues the task and, if
+    /// the lock is free, serves the queue in order at once.
+    fn take_or_queue(
+        self: &Arc<Self>,
+        task: &TaskRef,
+        want: Want,
+        wake: &Arc<AtomicU64>,
+        scope: &mut Option<WaitScope>,
+        turn: &mut Option<Turn>,
+    ) -> bool {
+        let mut flipped = Vec::new();
+        let woken = {
+            let mut side = self.side.lock();
+            if Self::try_take(&mut side, task, want) {
+                return true;
             }
             assert!(
                 side.holder(task.id()).is_none(),
                 "critio RwLock `{}` write-locked by a task that holds it: this would deadlock",
                 self.opts.name
             );
-            let status = BlockingStatus::Lock {
-                name: self.opts.name,
-            };
-            let scope = WaitScope::record(status, self.clone());
-            let pending = Pending {
+            wake.store(WAITING, Ordering::Relaxed);
+            let pending = |turn| Pending {
                 want,
-                granted: granted.clone(),
+                wake: wake.clone(),
+                turn,
             };
-            side.waiters.push_back(task.clone(), pending);
+            match *turn {
+                None => {
+                    let status = BlockingStatus::Lock {
+                        name: self.opts.name,
+                    };
+                    *scope = Some(WaitScope::record(status, self.clone()));
+                    let first = Turn::new();
+                    side.waiters.push_back(task.clone(), pending(first));
+                    *turn = Some(first);
+                }
+                Some(t) => side.waiters.push_front(task.clone(), pending(t)),
+            }
+            // Refused a free lock (someone is owed it): serve the queue now.
+            let woken = if side.is_free() {
+                side.grant()
+            } else {
+                Vec::new()
+            };
             self.sync_boost(&mut side, &mut flipped);
-            scope
+            woken
         };
-        propagate(flipped);
-        while !granted.load(Ordering::Acquire) {
-            thread::park();
+        for t in woken {
+            t.unpark();
         }
-        drop(scope);
-        task.id()
+        propagate(flipped);
+        false
     }
 
     fn release(&self, me: TaskId, held: Want) {
@@ -292,7 +389,11 @@ impl RwCore {
             if !still_holds {
                 side.boosts.revoke(me, &mut flipped);
             }
-            let woken = side.grant();
+            let woken = if side.is_free() {
+                side.on_free()
+            } else {
+                side.grant()
+            };
             self.sync_boost(&mut side, &mut flipped);
             woken
         };
@@ -325,9 +426,23 @@ impl RwCore {
 
 impl Blocker for RwCore {
     fn resolve(&self, waiter: &TaskRef, flipped: &mut Vec<TaskRef>) {
-        let mut side = self.side.lock();
-        side.waiters.recount(waiter);
-        self.sync_boost(&mut side, flipped);
+        let woken = {
+            let mut side = self.side.lock();
+            side.waiters.recount(waiter);
+            // A waiter turned critical while the lock is free (its writer
+            // woken to retry and not back yet): serve the queue now, so
+            // nobody barges past it.
+            let woken = if side.waiters.critical() > 0 && side.is_free() {
+                side.grant()
+            } else {
+                Vec::new()
+            };
+            self.sync_boost(&mut side, flipped);
+            woken
+        };
+        for t in woken {
+            t.unpark();
+        }
     }
 }
 

@@ -50,6 +50,20 @@ impl<E> WaiterQueue<E> {
         });
     }
 
+    /// Puts `task` back at the head of the queue: a woken waiter that lost
+    /// the race for a released lock keeps its place in line. Counted like
+    /// [`WaiterQueue::push_back`].
+    pub(crate) fn push_front(&mut self, task: TaskRef, extra: E) {
+        debug_assert!(!self.contains(task.id()), "task waits twice on one object");
+        let counted = task.is_critical();
+        self.critical += usize::from(counted);
+        self.queue.push_front(Waiter {
+            task,
+            counted,
+            extra,
+        });
+    }
+
     pub(crate) fn pop_front(&mut self) -> Option<Waiter<E>> {
         let w = self.queue.pop_front()?;
         self.uncount(&w);
