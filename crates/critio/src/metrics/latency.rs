@@ -39,6 +39,11 @@ impl LatencyHistogram {
         self.hist.saturating_record(nanos.max(1));
     }
 
+    /// Records `count` samples of one latency given in nanoseconds.
+    pub fn record_nanos_n(&mut self, nanos: u64, count: u64) {
+        self.hist.saturating_record_n(nanos.max(1), count);
+    }
+
     /// Adds every sample of `other`.
     pub fn merge(&mut self, other: &LatencyHistogram) {
         self.hist
