@@ -15,6 +15,12 @@
 //! One thread dispatches at a time (a `dispatching` flag); a kick that finds
 //! another dispatcher leaves the work to it, which re-checks the core after
 //! each batch, so a device that completes inline cannot recurse.
+//!
+//! Per request the driver reads the clock twice (at submission and at
+//! completion: the device time needs both), takes the core lock once to
+//! submit and dispatch, once to complete, once to end the dispatcher's turn,
+//! and allocates only the request's shared state and the device's
+//! completion closure (a one-request batch is kept inline).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
@@ -77,6 +83,34 @@ struct Core {
     dispatching: bool,
     timer_at: Option<Nanos>,
     shutdown: bool,
+}
+
+/// What one dispatcher turn sends to the device. Most turns send one
+/// request, which is kept inline, so a turn allocates nothing.
+#[derive(Default)]
+struct Batch {
+    first: Option<(ReqId, Command)>,
+    rest: Vec<(ReqId, Command)>,
+}
+
+impl Batch {
+    fn push(&mut self, id: ReqId, cmd: Command) {
+        if self.first.is_none() {
+            debug_assert!(self.rest.is_empty());
+            self.first = Some((id, cmd));
+        } else {
+            self.rest.push((id, cmd));
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.first.is_none()
+    }
+
+    /// Takes every request out, in dispatch order.
+    fn drain(&mut self) -> impl Iterator<Item = (ReqId, Command)> + '_ {
+        self.first.take().into_iter().chain(self.rest.drain(..))
+    }
 }
 
 /// Called with the id of a request promoted while at the device.
@@ -209,10 +243,9 @@ impl BlockLayer {
 
     /// A snapshot of the per-class metrics.
     pub fn stats(&self) -> BlockStats {
-        let core = self.inner.core.lock();
-        let sched = &core.sched;
-        core.stats
-            .snapshot(sched.counters(), sched.noncritical_cap(), sched.cap_view())
+        let mut core = self.inner.core.lock();
+        let Core { sched, stats, .. } = &mut *core;
+        stats.snapshot(sched.counters(), sched.noncritical_cap(), sched.cap_view())
     }
 
     /// Where an outstanding request is.
@@ -280,22 +313,23 @@ impl Inner {
             admission_waiter: None,
         };
         let now = self.clock.now();
-        let batch = {
+        let mut batch = Batch::default();
+        let admitted = {
             let mut core = self.core.lock();
-            if core.sched.submit(id, info, payload, now) {
-                Some(self.take_batch(&mut core, now))
+            let admitted = core.sched.submit(id, info, payload, now);
+            if admitted {
+                self.take_batch(&mut core, now, &mut batch);
             } else {
                 let p = core.sched.payload_mut(id).expect("just submitted");
                 p.admission_waiter = Some(context::current());
-                None
             }
+            admitted
         };
-        match batch {
-            Some(batch) => self.run_dispatch(batch, now),
-            None => {
-                self.wait_admission(id);
-                self.kick();
-            }
+        if admitted {
+            self.run_dispatch(batch, now);
+        } else {
+            self.wait_admission(id);
+            self.kick();
         }
         Ok(IoHandle { state })
     }
@@ -327,31 +361,29 @@ impl Inner {
     /// Dispatches everything the core allows, one dispatcher at a time.
     fn kick(self: &Arc<Self>) {
         let now = self.clock.now();
-        let batch = self.take_batch(&mut self.core.lock(), now);
+        let mut batch = Batch::default();
+        self.take_batch(&mut self.core.lock(), now, &mut batch);
         self.run_dispatch(batch, now);
     }
 
     /// Under the core lock: if no other thread is dispatching, takes what
-    /// the core allows now and makes the caller the dispatcher (it must then
-    /// call [`Inner::run_dispatch`]). Empty if there is nothing to do or
-    /// another dispatcher will do it (it re-checks after each batch).
-    fn take_batch(&self, core: &mut Core, now: Nanos) -> Vec<(ReqId, Command)> {
+    /// the core allows now into the empty `batch` and makes the caller the
+    /// dispatcher (it must then call [`Inner::run_dispatch`]). Leaves it
+    /// empty if there is nothing to do or another dispatcher will do it (it
+    /// re-checks after each batch).
+    fn take_batch(&self, core: &mut Core, now: Nanos, batch: &mut Batch) {
+        debug_assert!(batch.is_empty());
         if core.dispatching {
-            return Vec::new();
+            return;
         }
-        let mut batch = Vec::new();
         let classes = self.cfg.scheme.classes();
-        while let Some(id) = core.sched.dispatch(now) {
-            let promoted = classes && core.sched.class_of(id) == Some(Class::Critical);
-            let p = core
-                .sched
-                .payload_mut(id)
-                .expect("dispatched request is known");
+        while let Some((id, class, p)) = core.sched.dispatch_payload(now) {
+            let promoted = classes && class == Class::Critical;
             let mut cmd = p.cmd.take().expect("a request is dispatched once");
             if promoted {
                 cmd.class = Class::Critical; // promoted: critical at the device too
             }
-            batch.push((id, cmd));
+            batch.push(id, cmd);
         }
         if batch.is_empty() {
             let next = core.sched.next_timer(now);
@@ -364,15 +396,14 @@ impl Inner {
         }
         #[cfg(debug_assertions)]
         core.sched.check_invariants();
-        batch
     }
 
     /// Sends `batch` to the device, then keeps dispatching until the core
     /// allows nothing more; ends the dispatcher's turn. `now` is the time the
     /// batch was taken; later batches take a fresh one.
-    fn run_dispatch(self: &Arc<Self>, mut batch: Vec<(ReqId, Command)>, mut now: Nanos) {
+    fn run_dispatch(self: &Arc<Self>, mut batch: Batch, mut now: Nanos) {
         while !batch.is_empty() {
-            for (id, cmd) in batch.drain(..) {
+            for (id, cmd) in batch.drain() {
                 let inner = self.clone();
                 self.device
                     .submit(cmd, Box::new(move |c| inner.on_complete(id, c)));
@@ -382,25 +413,28 @@ impl Inner {
             if core.sched.dispatchable() {
                 now = self.clock.now();
             }
-            batch = self.take_batch(&mut core, now);
+            self.take_batch(&mut core, now, &mut batch);
         }
     }
 
     fn on_complete(self: &Arc<Self>, id: ReqId, c: Completion) {
         let now = self.clock.now();
         let bytes = c.buf.len() as u64;
-        let (done, wake, batch) = {
+        let mut batch = Batch::default();
+        let (done, wake) = {
             let mut core = self.core.lock();
             let mut done = core.sched.complete(id, now);
             core.stats.record(&done, bytes);
-            let wake: Vec<TaskRef> = done
-                .admitted
-                .iter()
-                .filter_map(|&a| core.sched.payload_mut(a)?.admission_waiter.take())
-                .collect();
-            done.admitted.clear();
-            let batch = self.take_batch(&mut core, now);
-            (done, wake, batch)
+            let wake: Vec<TaskRef> = if done.admitted.is_empty() {
+                Vec::new()
+            } else {
+                done.admitted
+                    .drain(..)
+                    .filter_map(|a| core.sched.payload_mut(a)?.admission_waiter.take())
+                    .collect()
+            };
+            self.take_batch(&mut core, now, &mut batch);
+            (done, wake)
         };
         if done.class == Class::Critical {
             // The wait-point tables are of critical tasks' waits; both classes

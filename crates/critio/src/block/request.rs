@@ -22,14 +22,16 @@ pub(crate) struct IoState {
     id: ReqId,
     point: &'static str,
     done: AtomicBool,
-    outcome: Mutex<Outcome>,
-    waiters: Mutex<Vec<TaskRef>>,
+    /// The outcome and the tasks to wake, under one lock: a completion and
+    /// a waiter each take it once.
+    inner: Mutex<IoInner>,
     layer: Weak<Inner>,
 }
 
-struct Outcome {
+struct IoInner {
     result: Result<(), BlockError>,
     buf: Option<AlignedBuf>,
+    waiters: Vec<TaskRef>,
 }
 
 impl IoState {
@@ -38,25 +40,38 @@ impl IoState {
             id,
             point,
             done: AtomicBool::new(false),
-            outcome: Mutex::new(Outcome {
+            inner: Mutex::new(IoInner {
                 result: Ok(()),
                 buf: None,
+                waiters: Vec::new(),
             }),
-            waiters: Mutex::new(Vec::new()),
             layer,
         })
     }
 
     /// Records the outcome and wakes every waiter.
     pub(crate) fn finish(&self, result: Result<(), BlockError>, buf: AlignedBuf) {
-        *self.outcome.lock() = Outcome {
-            result,
-            buf: Some(buf),
+        let waiters = {
+            let mut inner = self.inner.lock();
+            inner.result = result;
+            inner.buf = Some(buf);
+            self.done.store(true, Ordering::Release);
+            std::mem::take(&mut inner.waiters)
         };
-        self.done.store(true, Ordering::Release);
-        for t in self.waiters.lock().drain(..) {
+        for t in waiters {
             t.unpark();
         }
+    }
+
+    /// Registers the current task to be woken at completion; false if the
+    /// request has completed already.
+    fn add_waiter(&self) -> bool {
+        let mut inner = self.inner.lock();
+        if self.done.load(Ordering::Acquire) {
+            return false;
+        }
+        inner.waiters.push(context::current());
+        true
     }
 }
 
@@ -91,19 +106,25 @@ impl IoHandle {
     /// caller waits, its blocking status is "I/O n"; if it is critical (now or
     /// later, by inheritance) the request is promoted wherever it is.
     pub fn wait(&self) -> Result<(), BlockError> {
-        if !self.is_done() {
-            let status = BlockingStatus::Io {
-                id: self.state.id,
-                point: self.state.point,
-            };
-            let scope = WaitScope::enter(status, self.state.clone());
-            self.state.waiters.lock().push(context::current());
+        self.block_until_done();
+        self.state.inner.lock().result.clone()
+    }
+
+    fn block_until_done(&self) {
+        if self.is_done() {
+            return;
+        }
+        let status = BlockingStatus::Io {
+            id: self.state.id,
+            point: self.state.point,
+        };
+        let scope = WaitScope::enter(status, self.state.clone());
+        if self.state.add_waiter() {
             while !self.is_done() {
                 thread::park();
             }
-            drop(scope);
         }
-        self.state.outcome.lock().result.clone()
+        drop(scope);
     }
 
     /// Takes the request's buffer (the data, for a read) after it completed;
@@ -112,14 +133,17 @@ impl IoHandle {
         if !self.is_done() {
             return None;
         }
-        self.state.outcome.lock().buf.take()
+        self.state.inner.lock().buf.take()
     }
 
-    /// Waits, then returns the buffer.
+    /// Waits, then returns the buffer (result and buffer under one lock).
     pub fn wait_buf(&self) -> Result<AlignedBuf, BlockError> {
-        self.wait()?;
-        Ok(self
-            .take_buf()
+        self.block_until_done();
+        let mut inner = self.state.inner.lock();
+        inner.result.clone()?;
+        Ok(inner
+            .buf
+            .take()
             .expect("the buffer of a completed request is taken once"))
     }
 }

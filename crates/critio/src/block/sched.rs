@@ -179,7 +179,9 @@ pub struct Scheduler<P = ()> {
     cfg: SchedConfig,
     reqs: IdMap<Entry<P>>,
     admission: [VecDeque<ReqId>; 2],
-    queues: [VecDeque<ReqId>; 2],
+    /// Admitted requests per lane, with the time each was queued (so the
+    /// starvation check reads the front's time without a map lookup).
+    queues: [VecDeque<(ReqId, Nanos)>; 2],
     slots_used: [u32; 2],
     inflight: [u32; 2],
     ncio: NcioIndex,
@@ -234,51 +236,64 @@ impl<P> Scheduler<P> {
     /// Registers a request. Returns true if it was admitted (it is now
     /// queued), false if it waits for a slot.
     pub fn submit(&mut self, id: ReqId, info: ReqInfo, payload: P, now: Nanos) -> bool {
-        assert!(!self.reqs.contains_key(&id), "request {id} submitted twice");
         let class = if self.cfg.classes {
             info.class
         } else {
             Class::Critical
         };
+        let lane = self.lane(class);
+        // FIFO admission: never overtake a request already waiting.
+        let admitted =
+            self.admission[lane].is_empty() && self.slots_used[lane] < self.pool_size(lane);
         let entry = Entry {
             payload,
             info,
             class,
-            slot: CRIT,
-            loc: Location::AwaitingAdmission,
+            slot: if admitted { lane } else { CRIT },
+            loc: if admitted {
+                Location::Queued
+            } else {
+                Location::AwaitingAdmission
+            },
             submitted: now,
             queued: now,
             dispatched: now,
             nc_at_dispatch: 0,
         };
-        self.reqs.insert(id, entry);
+        match self.reqs.entry(id) {
+            std::collections::hash_map::Entry::Vacant(v) => {
+                v.insert(entry);
+            }
+            std::collections::hash_map::Entry::Occupied(_) => {
+                panic!("request {id} submitted twice")
+            }
+        }
         if class == Class::NonCritical {
             self.ncio.insert(id, info.offset, info.len);
         }
-        let lane = self.lane(class);
-        // FIFO admission: never overtake a request already waiting.
-        if self.admission[lane].is_empty() && self.slots_used[lane] < self.pool_size(lane) {
-            self.admit(id, now);
-            true
+        if admitted {
+            self.enqueue_admitted(id, lane, now);
         } else {
             self.admission[lane].push_back(id);
-            false
         }
+        admitted
     }
 
     fn admit(&mut self, id: ReqId, now: Nanos) {
+        let classes = self.cfg.classes;
         let e = self.reqs.get_mut(&id).expect("admitting a known request");
         debug_assert_eq!(e.loc, Location::AwaitingAdmission);
-        let lane = if self.cfg.classes {
-            e.class.index()
-        } else {
-            CRIT
-        };
+        let lane = if classes { e.class.index() } else { CRIT };
         e.loc = Location::Queued;
         e.queued = now;
         e.slot = lane;
+        self.enqueue_admitted(id, lane, now);
+    }
+
+    /// Takes a slot of `lane` for an admitted request and queues it.
+    fn enqueue_admitted(&mut self, id: ReqId, lane: usize, now: Nanos) {
         self.slots_used[lane] += 1;
-        self.queues[lane].push_back(id);
+        self.queues[lane].push_back((id, now));
         if lane == CRIT && self.cfg.classes {
             self.anticipate_until = None; // a critical arrival breaks anticipation
         }
@@ -286,12 +301,20 @@ impl<P> Scheduler<P> {
 
     /// Picks the next request to send to the device, if the limits allow one.
     pub fn dispatch(&mut self, now: Nanos) -> Option<ReqId> {
-        let id = self.pick(now)?;
-        debug_assert_eq!(self.reqs[&id].loc, Location::AtDevice);
-        Some(id)
+        let lane = self.pick(now)?;
+        Some(self.take(lane, now).0)
     }
 
-    fn pick(&mut self, now: Nanos) -> Option<ReqId> {
+    /// [`Scheduler::dispatch`], also returning the request's class now and
+    /// its payload (one map lookup for the driver).
+    pub fn dispatch_payload(&mut self, now: Nanos) -> Option<(ReqId, Class, &mut P)> {
+        let lane = self.pick(now)?;
+        let (id, e) = self.take(lane, now);
+        Some((id, e.class, &mut e.payload))
+    }
+
+    /// Which queue the next dispatch takes from, if the limits allow one.
+    fn pick(&mut self, now: Nanos) -> Option<usize> {
         let at_device = self.inflight[CRIT] + self.inflight[NONCRIT];
         if at_device >= self.cfg.device_depth {
             return None;
@@ -310,17 +333,17 @@ impl<P> Scheduler<P> {
             if !self.queues[CRIT].is_empty() || self.anticipating(now) {
                 self.counters.starvation_dispatches += 1;
             }
-            return Some(self.take(NONCRIT, now));
+            return Some(NONCRIT);
         }
         if !self.queues[CRIT].is_empty() {
-            return Some(self.take(CRIT, now));
+            return Some(CRIT);
         }
         if nc_ready {
             if self.anticipating(now) {
                 self.counters.anticipation_holds += 1;
                 return None;
             }
-            return Some(self.take(NONCRIT, now));
+            return Some(NONCRIT);
         }
         None
     }
@@ -329,10 +352,10 @@ impl<P> Scheduler<P> {
     /// last non-critical dispatch or since the oldest queued one was queued,
     /// whichever is later (0 with none queued).
     fn noncritical_waited(&self, now: Nanos) -> Nanos {
-        let Some(front) = self.queues[NONCRIT].front() else {
+        let Some(&(_, queued)) = self.queues[NONCRIT].front() else {
             return 0;
         };
-        let since = self.reqs[front].queued.max(self.last_nc_dispatch);
+        let since = queued.max(self.last_nc_dispatch);
         now.saturating_sub(since)
     }
 
@@ -347,20 +370,22 @@ impl<P> Scheduler<P> {
         self.inflight[CRIT] > 0 || self.anticipate_until.is_some_and(|until| now < until)
     }
 
-    fn take(&mut self, lane: usize, now: Nanos) -> ReqId {
-        let id = self.queues[lane]
+    /// Moves the head of `lane` to the device.
+    fn take(&mut self, lane: usize, now: Nanos) -> (ReqId, &mut Entry<P>) {
+        let (id, _) = self.queues[lane]
             .pop_front()
             .expect("queue checked non-empty");
         let nc_inflight = self.inflight[NONCRIT];
-        let e = self.reqs.get_mut(&id).expect("queued request is known");
-        e.loc = Location::AtDevice;
-        e.dispatched = now;
-        e.nc_at_dispatch = nc_inflight;
         if lane == NONCRIT {
             self.last_nc_dispatch = now;
         }
         self.inflight[lane] += 1;
-        id
+        let e = self.reqs.get_mut(&id).expect("queued request is known");
+        debug_assert_eq!(e.loc, Location::Queued);
+        e.loc = Location::AtDevice;
+        e.dispatched = now;
+        e.nc_at_dispatch = nc_inflight;
+        (id, e)
     }
 
     /// Records that a request completed at the device.
@@ -426,7 +451,8 @@ impl<P> Scheduler<P> {
         match loc {
             Location::AwaitingAdmission => {
                 self.counters.promoted_awaiting_admission += 1;
-                remove(&mut self.admission[NONCRIT], id);
+                let at = position(&self.admission[NONCRIT], |&r| r == id);
+                self.admission[NONCRIT].remove(at);
                 if self.admission[CRIT].is_empty()
                     && self.slots_used[CRIT] < self.cfg.critical_slots
                 {
@@ -439,9 +465,10 @@ impl<P> Scheduler<P> {
             }
             Location::Queued => {
                 self.counters.promoted_queued += 1;
-                remove(&mut self.queues[NONCRIT], id);
+                let at = position(&self.queues[NONCRIT], |&(r, _)| r == id);
+                let queued = self.queues[NONCRIT].remove(at).expect("in range");
                 // It keeps its non-critical slot; it now competes as critical.
-                self.queues[CRIT].push_back(id);
+                self.queues[CRIT].push_back(queued);
                 self.anticipate_until = None;
                 Promotion::Requeued
             }
@@ -556,6 +583,11 @@ impl<P> Scheduler<P> {
             assert_eq!(slots[lane], self.slots_used[lane], "slots lane {lane}");
             assert!(self.slots_used[lane] <= self.pool_size(lane));
         }
+        for &(id, queued) in self.queues.iter().flatten() {
+            let e = &self.reqs[&id];
+            assert_eq!(e.loc, Location::Queued, "request {id} queued twice");
+            assert_eq!(e.queued, queued, "queue time of {id} out of step");
+        }
         assert!(self.inflight[CRIT] + self.inflight[NONCRIT] <= self.cfg.device_depth);
         let nc_outstanding = self
             .reqs
@@ -566,10 +598,6 @@ impl<P> Scheduler<P> {
     }
 }
 
-fn remove(q: &mut VecDeque<ReqId>, id: ReqId) {
-    let at = q
-        .iter()
-        .position(|&r| r == id)
-        .expect("request in its queue");
-    q.remove(at);
+fn position<T>(q: &VecDeque<T>, is_it: impl FnMut(&T) -> bool) -> usize {
+    q.iter().position(is_it).expect("request in its queue")
 }
