@@ -1,11 +1,13 @@
-//! The cache's core: frames, the page map, CLOCK replacement and dirty
-//! accounting per class. Sans-I/O: it decides, the driver (`mod.rs`) does
-//! the I/O and holds the lock around every call.
+//! The cache's core: frames, the page map, second-chance (CLOCK)
+//! replacement and dirty accounting per class. Sans-I/O: it decides, the
+//! driver (`mod.rs`) does the I/O and holds the lock around every call.
+//! Every operation is O(1) (or O(log n) in the unflushed index) in the
+//! number of frames: each state has its own list (`list.rs`).
 //!
 //! ```text
 //!   page state     how it got there                 who may take its frame
 //!   Loading(p)     a read miss is in flight          nobody (waiters wait on p)
-//!   Clean          loaded, or written back           CLOCK, when unreferenced
+//!   Clean          loaded, or written back           eviction, when unreferenced
 //!   Dirty          written                           nobody: write it back first
 //!   Writeback(p)   its copy is being written          nobody: wait on p
 //! ```
@@ -16,9 +18,11 @@
 //! dirtied by a critical writer is critical even if background writers
 //! touched it too.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
+use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::Arc;
 
+use super::list::{ListId, Lists};
 use super::pending::PendingIo;
 use super::FileId;
 use crate::context::Class;
@@ -30,6 +34,37 @@ pub(crate) struct PageKey {
     pub(crate) file: FileId,
     pub(crate) page: u64,
 }
+
+/// A multiplicative hasher for page keys (FxHash's step): two integers do
+/// not need SipHash's resistance to chosen keys, and the map is on every
+/// access's path.
+#[derive(Default)]
+pub(crate) struct PageHasher(u64);
+
+impl Hasher for PageHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.add(u64::from(b));
+        }
+    }
+    fn write_u32(&mut self, n: u32) {
+        self.add(u64::from(n));
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.add(n);
+    }
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+impl PageHasher {
+    fn add(&mut self, word: u64) {
+        self.0 = (self.0.rotate_left(5) ^ word).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+}
+
+type PageMap = HashMap<PageKey, u32, BuildHasherDefault<PageHasher>>;
 
 pub(crate) enum State {
     Free,
@@ -43,9 +78,26 @@ pub(crate) enum State {
     },
 }
 
+impl State {
+    /// The list a frame in this state is on.
+    fn list(&self) -> ListId {
+        match self {
+            State::Free => ListId::Free,
+            State::Loading(_) => ListId::Loading,
+            State::Clean => ListId::Clean,
+            State::Dirty => ListId::Dirty,
+            State::Writeback { .. } => ListId::Writeback,
+        }
+    }
+
+    fn unflushed(&self) -> bool {
+        matches!(self, State::Dirty | State::Writeback { .. })
+    }
+}
+
+/// One frame's bookkeeping (its bytes are in the arena).
 pub(crate) struct Frame {
     pub(crate) key: Option<PageKey>,
-    pub(crate) data: Box<[u8]>,
     pub(crate) state: State,
     referenced: bool,
     /// The class the page counts against while dirty or under writeback.
@@ -58,7 +110,9 @@ pub(crate) struct Frame {
 
 /// What a caller must do to get a frame for a new page.
 pub(crate) enum Alloc {
-    /// This frame is free now (its key is set, state `Free`).
+    /// This frame is free now (its key is set, state `Free`, on no list):
+    /// the caller starts loading it, writes it whole, or releases it before
+    /// it lets go of the cache lock.
     Frame(usize),
     /// Every frame is busy; wait for this I/O, then retry.
     Wait(Arc<PendingIo>),
@@ -66,21 +120,41 @@ pub(crate) enum Alloc {
     Reclaim(usize),
 }
 
-/// Frames, map, CLOCK hand and dirty counts.
+/// Frames, their bytes, the page map, the state lists and dirty counts.
+///
+/// ```text
+///   list        frames in state      order              used for
+///   Free        Free, no page        any                allocation first
+///   Clean       Clean                second chance      eviction (CLOCK as a list)
+///   Dirty       Dirty                dirtying order     writeback: oldest first, expiry
+///   Writeback   Writeback            writeback start    waiting when nothing is clean
+///   Loading     Loading              load start         waiting when nothing else is left
+/// ```
+///
+/// A frame handed out by [`Frames::alloc`] is on no list until its load
+/// starts, its first write lands, or it is released, all under the same
+/// lock hold. `unflushed` indexes the pages that are dirty or under
+/// writeback, by file and page, for flushes.
 pub(crate) struct Frames {
     frames: Vec<Frame>,
-    map: HashMap<PageKey, usize>,
-    hand: usize,
+    arena: Box<[u8]>,
+    page: usize,
+    lists: Lists,
+    map: PageMap,
+    unflushed: BTreeSet<PageKey>,
     dirty: [usize; 2],
 }
 
 impl Frames {
+    /// `count` free frames of `page_bytes`. The bytes are one zeroed
+    /// allocation, so a large cache costs no time to create and no memory
+    /// until its pages are used.
     pub(crate) fn new(count: usize, page_bytes: usize) -> Self {
         assert!(count >= 1);
+        assert!(page_bytes >= 1);
         let frames = (0..count)
             .map(|_| Frame {
                 key: None,
-                data: vec![0; page_bytes].into_boxed_slice(),
                 state: State::Free,
                 referenced: false,
                 class: Class::NonCritical,
@@ -89,10 +163,18 @@ impl Frames {
                 written_seq: 0,
             })
             .collect();
+        let mut lists = Lists::new(count);
+        for i in 0..count {
+            lists.push_back(ListId::Free, i);
+        }
+        let bytes = count.checked_mul(page_bytes).expect("cache size overflows");
         Self {
             frames,
-            map: HashMap::new(),
-            hand: 0,
+            arena: vec![0u8; bytes].into_boxed_slice(),
+            page: page_bytes,
+            lists,
+            map: PageMap::default(),
+            unflushed: BTreeSet::new(),
             dirty: [0; 2],
         }
     }
@@ -102,15 +184,21 @@ impl Frames {
     }
 
     pub(crate) fn lookup(&self, key: PageKey) -> Option<usize> {
-        self.map.get(&key).copied()
+        self.map.get(&key).map(|&i| i as usize)
     }
 
     pub(crate) fn frame(&self, i: usize) -> &Frame {
         &self.frames[i]
     }
 
-    pub(crate) fn frame_mut(&mut self, i: usize) -> &mut Frame {
-        &mut self.frames[i]
+    /// The bytes of frame `i`.
+    pub(crate) fn data(&self, i: usize) -> &[u8] {
+        &self.arena[i * self.page..(i + 1) * self.page]
+    }
+
+    /// The bytes of frame `i`, to fill or change.
+    pub(crate) fn data_mut(&mut self, i: usize) -> &mut [u8] {
+        &mut self.arena[i * self.page..(i + 1) * self.page]
     }
 
     /// Marks a frame recently used.
@@ -128,69 +216,88 @@ impl Frames {
         self.dirty[0] + self.dirty[1]
     }
 
-    /// Finds a frame for `key` (not yet in the map) with CLOCK: the first
-    /// clean, unreferenced frame, clearing reference bits on the way (two
-    /// sweeps at most).
+    /// Moves frame `i` to the list of its (new) state.
+    fn relist(&mut self, i: usize) {
+        let list = self.frames[i].state.list();
+        self.lists.move_back(list, i);
+    }
+
+    /// Finds a frame for `key` (not yet in the map): a free frame, else the
+    /// first clean frame not referenced since it last came round (second
+    /// chance: a referenced one loses its bit and goes to the back), else
+    /// the oldest writeback to wait for, else the oldest dirty page to
+    /// reclaim, else a load to wait for. Amortized O(1): every frame passed
+    /// over had its bit set by an access since.
     pub(crate) fn alloc(&mut self, key: PageKey) -> Alloc {
         assert!(
             !self.map.contains_key(&key),
             "allocating a page already cached"
         );
-        let n = self.frames.len();
-        for _ in 0..2 * n {
-            let i = self.hand;
-            self.hand = (self.hand + 1) % n;
-            let f = &mut self.frames[i];
-            match f.state {
-                State::Free => return self.claim(i, key),
-                State::Clean if f.referenced => f.referenced = false,
-                State::Clean => {
-                    let old = f.key.take().expect("a clean frame has a page");
-                    self.map.remove(&old);
-                    f.state = State::Free;
-                    return self.claim(i, key);
-                }
-                _ => {}
-            }
+        if let Some(i) = self.lists.pop_front(ListId::Free) {
+            return self.claim(i, key);
         }
-        // Nothing clean: wait for the oldest writeback, else reclaim the
-        // oldest dirty page, else wait for a load.
-        let oldest = |want: fn(&State) -> bool| {
-            self.frames
-                .iter()
-                .enumerate()
-                .filter(|(_, f)| want(&f.state))
-                .min_by_key(|(_, f)| f.dirtied_at)
-                .map(|(i, _)| i)
-        };
-        if let Some(i) = oldest(|s| matches!(s, State::Writeback { .. })) {
+        while let Some(i) = self.lists.pop_front(ListId::Clean) {
+            let f = &mut self.frames[i];
+            if f.referenced {
+                f.referenced = false;
+                self.lists.push_back(ListId::Clean, i);
+                continue;
+            }
+            let old = f.key.take().expect("a clean frame has a page");
+            f.state = State::Free;
+            self.map.remove(&old);
+            return self.claim(i, key);
+        }
+        if let Some(i) = self.lists.front(ListId::Writeback) {
             if let State::Writeback { io, .. } = &self.frames[i].state {
                 return Alloc::Wait(io.clone());
             }
         }
-        if let Some(i) = oldest(|s| matches!(s, State::Dirty)) {
+        if let Some(i) = self.lists.front(ListId::Dirty) {
             return Alloc::Reclaim(i);
         }
-        match self.frames.iter().find_map(|f| match &f.state {
-            State::Loading(p) => Some(p.clone()),
-            _ => None,
-        }) {
-            Some(p) => Alloc::Wait(p),
-            None => unreachable!("no frame is free, clean, dirty, loading or under writeback"),
+        match self
+            .lists
+            .front(ListId::Loading)
+            .map(|i| &self.frames[i].state)
+        {
+            Some(State::Loading(p)) => Alloc::Wait(p.clone()),
+            _ => unreachable!("every frame is handed out: none is free, clean, dirty or busy"),
         }
     }
 
+    /// Hands out frame `i` (free, on no list) for `key`.
     fn claim(&mut self, i: usize, key: PageKey) -> Alloc {
         let f = &mut self.frames[i];
+        debug_assert!(matches!(f.state, State::Free) && f.key.is_none());
         f.key = Some(key);
         f.referenced = true;
         f.write_seq = 0;
         f.written_seq = 0;
-        self.map.insert(key, i);
+        self.map.insert(key, i as u32);
         Alloc::Frame(i)
     }
 
-    /// Forgets a page whose load failed.
+    /// Starts loading frame `i` (just allocated) with `p`.
+    pub(crate) fn begin_load(&mut self, i: usize, p: Arc<PendingIo>) {
+        let f = &mut self.frames[i];
+        assert!(matches!(f.state, State::Free) && f.key.is_some());
+        f.state = State::Loading(p);
+        self.relist(i);
+    }
+
+    /// Frame `i`'s load completed: its bytes are the page's.
+    pub(crate) fn end_load(&mut self, i: usize) {
+        let f = &mut self.frames[i];
+        assert!(
+            matches!(f.state, State::Loading(_)),
+            "ending a load that did not start"
+        );
+        f.state = State::Clean;
+        self.relist(i);
+    }
+
+    /// Forgets a page whose load failed (or a frame handed out and unused).
     pub(crate) fn release(&mut self, i: usize) {
         let f = &mut self.frames[i];
         assert!(matches!(f.state, State::Free | State::Loading(_)));
@@ -198,6 +305,7 @@ impl Frames {
             self.map.remove(&key);
         }
         f.state = State::Free;
+        self.relist(i);
     }
 
     /// Records a write by `class` to a page that is loaded (or fully
@@ -225,6 +333,9 @@ impl Frames {
         if newly {
             f.class = class;
             self.dirty[class.index()] += 1;
+            let key = f.key.expect("a written frame has a page");
+            self.unflushed.insert(key);
+            self.relist(i);
         } else if class == Class::Critical && f.class == Class::NonCritical {
             f.class = Class::Critical;
             self.dirty[0] += 1;
@@ -233,8 +344,8 @@ impl Frames {
         newly
     }
 
-    /// Starts writing a copy of dirty page `i` with `io`; returns the copy
-    /// and the write sequence it covers.
+    /// Starts writing a copy of dirty page `i` with `io`; returns the write
+    /// sequence it covers.
     pub(crate) fn begin_writeback(&mut self, i: usize, io: Arc<PendingIo>) -> u64 {
         let f = &mut self.frames[i];
         assert!(
@@ -245,11 +356,14 @@ impl Frames {
             io,
             dirty_again: false,
         };
-        f.write_seq
+        let seq = f.write_seq;
+        self.relist(i);
+        seq
     }
 
     /// Ends the writeback of page `i` that copied `seq`: clean, or dirty
-    /// again if written meanwhile; a failed write leaves it dirty.
+    /// again if written meanwhile; a failed write leaves it dirty, first in
+    /// line to be written again.
     pub(crate) fn end_writeback(&mut self, i: usize, seq: u64, ok: bool) {
         let f = &mut self.frames[i];
         let State::Writeback { dirty_again, .. } = f.state else {
@@ -258,91 +372,119 @@ impl Frames {
         if ok {
             f.written_seq = f.written_seq.max(seq);
         }
-        if dirty_again || !ok {
+        if !ok {
+            f.state = State::Dirty;
+            self.lists.unlink(i);
+            self.lists.push_front(ListId::Dirty, i);
+            return;
+        }
+        if dirty_again {
             f.state = State::Dirty;
         } else {
             f.state = State::Clean;
             self.dirty[f.class.index()] -= 1;
             f.class = Class::NonCritical;
+            let key = f.key.expect("a written frame has a page");
+            self.unflushed.remove(&key);
         }
+        self.relist(i);
     }
 
     /// Up to `max` dirty pages (not under writeback), oldest first.
     pub(crate) fn oldest_dirty(&self, max: usize) -> Vec<usize> {
-        let mut v: Vec<(Nanos, PageKey, usize)> = self
-            .frames
-            .iter()
-            .enumerate()
-            .filter(|(_, f)| matches!(f.state, State::Dirty))
-            .map(|(i, f)| (f.dirtied_at, f.key.expect("dirty frame has a page"), i))
-            .collect();
-        v.sort_unstable();
-        v.truncate(max);
-        v.into_iter().map(|(_, _, i)| i).collect()
+        let mut v = Vec::with_capacity(max.min(self.lists.len(ListId::Dirty)));
+        let mut at = self.lists.front(ListId::Dirty);
+        while let Some(i) = at {
+            if v.len() == max {
+                break;
+            }
+            v.push(i);
+            at = self.lists.next(i);
+        }
+        v
     }
 
-    /// When the oldest dirty page was dirtied.
+    /// When the page first in line for writeback was dirtied (about the
+    /// oldest: a page dirtied again during its writeback rejoins the line
+    /// at the back when that writeback ends).
     pub(crate) fn oldest_dirty_at(&self) -> Option<Nanos> {
-        self.frames
-            .iter()
-            .filter(|f| matches!(f.state, State::Dirty | State::Writeback { .. }))
-            .map(|f| f.dirtied_at)
-            .min()
+        self.lists
+            .front(ListId::Dirty)
+            .map(|i| self.frames[i].dirtied_at)
     }
 
     /// The pages of `file` that hold writes not yet durable, with the write
     /// sequence each must reach.
     pub(crate) fn unflushed_of(&self, file: FileId) -> Vec<(PageKey, u64)> {
-        self.frames
-            .iter()
-            .filter(|f| matches!(f.state, State::Dirty | State::Writeback { .. }))
-            .filter_map(|f| f.key.filter(|k| k.file == file).map(|k| (k, f.write_seq)))
+        let from = PageKey { file, page: 0 };
+        self.unflushed
+            .range(from..)
+            .take_while(|k| k.file == file)
+            .map(|&k| {
+                let i = self.lookup(k).expect("an unflushed page is cached");
+                (k, self.frames[i].write_seq)
+            })
             .collect()
     }
 
     /// Every file with unflushed pages.
     pub(crate) fn files_with_unflushed(&self) -> Vec<FileId> {
-        let mut v: Vec<FileId> = self
-            .frames
-            .iter()
-            .filter(|f| matches!(f.state, State::Dirty | State::Writeback { .. }))
-            .filter_map(|f| f.key.map(|k| k.file))
-            .collect();
-        v.sort_unstable();
-        v.dedup();
+        let mut v = Vec::new();
+        let mut from = PageKey { file: 0, page: 0 };
+        while let Some(k) = self.unflushed.range(from..).next() {
+            v.push(k.file);
+            match k.file.checked_add(1) {
+                Some(next) => {
+                    from = PageKey {
+                        file: next,
+                        page: 0,
+                    }
+                }
+                None => break,
+            }
+        }
         v
     }
 
     /// Drops every clean page (tests; a cold cache).
     pub(crate) fn drop_clean(&mut self) -> usize {
         let mut n = 0;
-        for f in &mut self.frames {
-            if matches!(f.state, State::Clean) {
-                self.map
-                    .remove(&f.key.take().expect("a clean frame has a page"));
-                f.state = State::Free;
-                n += 1;
-            }
+        while let Some(i) = self.lists.pop_front(ListId::Clean) {
+            let f = &mut self.frames[i];
+            self.map
+                .remove(&f.key.take().expect("a clean frame has a page"));
+            f.state = State::Free;
+            self.lists.push_back(ListId::Free, i);
+            n += 1;
         }
         n
     }
 
-    /// Checks the accounting (costly).
+    /// Checks the accounting, the map and the lists (costly: every frame).
     #[cfg(any(test, debug_assertions))]
     pub(crate) fn check_invariants(&self) {
         let mut dirty = [0usize; 2];
+        let mut unflushed = 0;
         for (i, f) in self.frames.iter().enumerate() {
             match (&f.state, f.key) {
-                (State::Free, k) => assert!(k.is_none() || self.map.get(&k.unwrap()) == Some(&i)),
-                (_, Some(k)) => assert_eq!(self.map.get(&k), Some(&i), "map out of step"),
+                (State::Free, None) => {}
+                (_, Some(k)) => assert_eq!(self.lookup(k), Some(i), "map out of step"),
                 (_, None) => panic!("a used frame without a page"),
             }
-            if matches!(f.state, State::Dirty | State::Writeback { .. }) {
+            let listed = self.lists.on(i);
+            if !(matches!(f.state, State::Free) && f.key.is_some()) {
+                assert_eq!(listed, Some(f.state.list()), "frame {i} on the wrong list");
+            }
+            if f.state.unflushed() {
                 dirty[f.class.index()] += 1;
+                unflushed += 1;
+                assert!(self.unflushed.contains(&f.key.expect("keyed")));
             }
         }
         assert_eq!(dirty, self.dirty, "dirty counts drifted");
+        assert_eq!(unflushed, self.unflushed.len(), "unflushed index drifted");
         assert!(self.map.len() <= self.frames.len());
+        self.lists.check_invariants();
     }
 }
 
@@ -359,7 +501,10 @@ mod tests {
     fn fill(frames: &mut Frames, pages: std::ops::Range<u64>) {
         for p in pages {
             match frames.alloc(key(p)) {
-                Alloc::Frame(i) => frames.frame_mut(i).state = State::Clean,
+                Alloc::Frame(i) => {
+                    frames.begin_load(i, pending());
+                    frames.end_load(i);
+                }
                 _ => panic!("no free frame for page {p}"),
             }
         }

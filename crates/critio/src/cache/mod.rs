@@ -31,6 +31,7 @@
 
 mod config;
 mod core;
+mod list;
 mod pending;
 mod throttle;
 mod writeback;
@@ -96,7 +97,7 @@ pub enum CacheError {
 
 #[derive(Clone, Debug)]
 struct FileInfo {
-    name: String,
+    name: Arc<str>,
     base: u64,
     len: u64,
 }
@@ -113,6 +114,7 @@ struct Counters {
     misses: AtomicU64,
     throttled: AtomicU64,
     reclaims: AtomicU64,
+    read_through_pages: AtomicU64,
     writeback_pages: AtomicU64,
     writeback_errors: AtomicU64,
 }
@@ -150,6 +152,8 @@ pub struct CacheStats {
     pub throttled: u64,
     /// Dirty pages written back by a task that needed a frame.
     pub reclaims: u64,
+    /// Pages [`PageCache::read_through`] read from the device (not cached).
+    pub read_through_pages: u64,
     /// Pages written back (by the writeback thread and by flushes).
     pub writeback_pages: u64,
     /// Writeback writes that failed (the pages stay dirty).
@@ -231,7 +235,7 @@ impl PageCache {
             return Err(bad(format!("it overlaps file `{}`", f.name)));
         }
         files.push(FileInfo {
-            name: name.to_owned(),
+            name: name.into(),
             base,
             len,
         });
@@ -240,7 +244,7 @@ impl PageCache {
 
     /// A file's size in bytes.
     pub fn file_len(&self, file: FileId) -> u64 {
-        self.inner.file(file).len
+        self.inner.file(file).1
     }
 
     /// Reads `out.len()` bytes at `offset` of `file`.
@@ -249,7 +253,7 @@ impl PageCache {
         for (key, in_page, n) in self.inner.pages(file, offset, out.len())? {
             let dst = &mut out[done..done + n];
             self.inner.access(key, false, |core, i| {
-                dst.copy_from_slice(&core.frames.frame(i).data[in_page..in_page + n]);
+                dst.copy_from_slice(&core.frames.data(i)[in_page..in_page + n]);
                 core.frames.touch(i);
                 Some(())
             })?;
@@ -261,14 +265,100 @@ impl PageCache {
     /// Writes `data` at `offset` of `file` (into the cache; durable after a
     /// flush). May wait in dirty throttling.
     pub fn write(&self, file: FileId, offset: u64, data: &[u8]) -> Result<(), CacheError> {
+        self.write_pages(file, offset, data, false)
+    }
+
+    /// Writes `data` at `offset` of a file written like a log: the caller
+    /// promises that no byte of `file` at or after `offset` that this write
+    /// does not cover will be read before it is written again. So a page
+    /// that starts at or after `offset` and is not cached is not read from
+    /// the device first: it starts zeroed. (A page holding bytes before
+    /// `offset` is loaded as usual.)
+    pub fn write_appending(
+        &self,
+        file: FileId,
+        offset: u64,
+        data: &[u8],
+    ) -> Result<(), CacheError> {
+        self.write_pages(file, offset, data, true)
+    }
+
+    fn write_pages(
+        &self,
+        file: FileId,
+        offset: u64,
+        data: &[u8],
+        appending: bool,
+    ) -> Result<(), CacheError> {
         let mut done = 0;
         for (key, in_page, n) in self.inner.pages(file, offset, data.len())? {
             let src = &data[done..done + n];
-            let full = n == self.inner.page;
-            self.inner.access(key, full, |core, i| {
+            let fresh = n == self.inner.page || (appending && in_page == 0);
+            self.inner.access(key, fresh, |core, i| {
                 self.inner.write_page(core, i, in_page, src)
             })?;
             done += n;
+        }
+        Ok(())
+    }
+
+    /// Reads `out.len()` bytes at `offset` of `file` without filling the
+    /// cache: pages that are cached are copied from it, the others are read
+    /// from the device in the caller's class and not kept. For scans of
+    /// data nobody writes meanwhile (a snapshot or a cleaner reading old
+    /// log records), so they do not evict what requests use.
+    pub fn read_through(
+        &self,
+        file: FileId,
+        offset: u64,
+        out: &mut [u8],
+    ) -> Result<(), CacheError> {
+        let pages = self.inner.pages(file, offset, out.len())?;
+        let mut missing: Vec<(PageKey, usize, usize, usize)> = Vec::new();
+        {
+            let mut core = self.inner.core.lock();
+            let mut done = 0;
+            for &(key, in_page, n) in &pages {
+                let cached = core
+                    .frames
+                    .lookup(key)
+                    .filter(|&i| !matches!(core.frames.frame(i).state, State::Loading(_)));
+                match cached {
+                    Some(i) => {
+                        out[done..done + n]
+                            .copy_from_slice(&core.frames.data(i)[in_page..in_page + n]);
+                        core.frames.touch(i);
+                    }
+                    None => missing.push((key, in_page, n, done)),
+                }
+                done += n;
+            }
+        }
+        let counters = &self.inner.counters;
+        counters
+            .hits
+            .fetch_add((pages.len() - missing.len()) as u64, Ordering::Relaxed);
+        counters
+            .read_through_pages
+            .fetch_add(missing.len() as u64, Ordering::Relaxed);
+        let page = self.inner.page;
+        let mut at = 0;
+        while at < missing.len() {
+            // One device read per run of contiguous missing pages.
+            let mut end = at + 1;
+            while end < missing.len() && missing[end].0.page == missing[end - 1].0.page + 1 {
+                end += 1;
+            }
+            let first = missing[at].0;
+            let buf = self
+                .inner
+                .block
+                .read(self.inner.device_offset(first), (end - at) * page)?;
+            for (k, &(_, in_page, n, dst)) in missing[at..end].iter().enumerate() {
+                let src = &buf.as_slice()[k * page + in_page..k * page + in_page + n];
+                out[dst..dst + n].copy_from_slice(src);
+            }
+            at = end;
         }
         Ok(())
     }
@@ -305,6 +395,7 @@ impl PageCache {
             misses: c.misses.load(Ordering::Relaxed),
             throttled: c.throttled.load(Ordering::Relaxed),
             reclaims: c.reclaims.load(Ordering::Relaxed),
+            read_through_pages: c.read_through_pages.load(Ordering::Relaxed),
             writeback_pages: c.writeback_pages.load(Ordering::Relaxed),
             writeback_errors: c.writeback_errors.load(Ordering::Relaxed),
             dirty_critical: core.frames.dirty(Class::Critical),
@@ -343,11 +434,12 @@ enum Act {
 }
 
 impl Inner {
-    fn file(&self, file: FileId) -> FileInfo {
+    /// A file's place on the device: (base, length).
+    fn file(&self, file: FileId) -> (u64, u64) {
         self.files
             .read()
             .get(file as usize)
-            .cloned()
+            .map(|f| (f.base, f.len))
             .unwrap_or_else(|| panic!("unknown cache file {file}"))
     }
 
@@ -359,14 +451,14 @@ impl Inner {
         offset: u64,
         len: usize,
     ) -> Result<Vec<(PageKey, usize, usize)>, CacheError> {
-        let info = self.file(file);
+        let (_, size) = self.file(file);
         let end = offset.checked_add(len as u64);
-        if end.is_none_or(|e| e > info.len) {
+        if end.is_none_or(|e| e > size) {
             return Err(CacheError::OutOfRange {
                 file,
                 offset,
                 len: len as u64,
-                size: info.len,
+                size,
             });
         }
         let page = self.page as u64;
@@ -390,15 +482,16 @@ impl Inner {
     }
 
     fn device_offset(&self, key: PageKey) -> u64 {
-        self.file(key.file).base + key.page * self.page as u64
+        self.file(key.file).0 + key.page * self.page as u64
     }
 
-    /// Runs `f` on the page's frame once it is loaded (or, for a full-page
-    /// write, just allocated); `f` returns None to ask for throttling.
+    /// Runs `f` on the page's frame once it is loaded (or, for a `fresh`
+    /// write that needs none of the page's old bytes, just allocated); `f`
+    /// returns None to ask for throttling.
     fn access<R>(
         &self,
         key: PageKey,
-        full_write: bool,
+        fresh: bool,
         mut f: impl FnMut(&mut Core, usize) -> Option<R>,
     ) -> Result<R, CacheError> {
         loop {
@@ -416,7 +509,7 @@ impl Inner {
                         }
                     },
                     None => match core.frames.alloc(key) {
-                        Alloc::Frame(i) if full_write => match f(&mut core, i) {
+                        Alloc::Frame(i) if fresh => match f(&mut core, i) {
                             Some(r) => return Ok(r),
                             None => {
                                 core.frames.release(i);
@@ -425,7 +518,7 @@ impl Inner {
                         },
                         Alloc::Frame(i) => {
                             let p = PendingIo::new(PAGE_LOCK_POINT, context::current(), &self.sync);
-                            core.frames.frame_mut(i).state = State::Loading(p.clone());
+                            core.frames.begin_load(i, p.clone());
                             Act::Load(i, p)
                         }
                         Alloc::Wait(p) => Act::Wait(p),
@@ -452,7 +545,12 @@ impl Inner {
             self.counters.throttled.fetch_add(1, Ordering::Relaxed);
             return None;
         }
-        core.frames.frame_mut(i).data[in_page..in_page + src.len()].copy_from_slice(src);
+        let fresh = matches!(core.frames.frame(i).state, State::Free);
+        let data = core.frames.data_mut(i);
+        if fresh && src.len() < data.len() {
+            data.fill(0); // a fresh page: none of its old bytes are wanted
+        }
+        data[in_page..in_page + src.len()].copy_from_slice(src);
         core.frames.mark_written(i, class, self.clock.now());
         if self.should_write_back(&core.frames) {
             core.kicked = true;
@@ -514,9 +612,8 @@ impl Inner {
         let mut core = self.core.lock();
         match result {
             Ok(buf) => {
-                let f = core.frames.frame_mut(i);
-                f.data.copy_from_slice(buf.as_slice());
-                f.state = State::Clean;
+                core.frames.data_mut(i).copy_from_slice(buf.as_slice());
+                core.frames.end_load(i);
                 Ok(())
             }
             Err(e) => {
@@ -537,9 +634,10 @@ impl Inner {
             if !matches!(core.frames.frame(i).state, State::Dirty) {
                 return Ok(()); // someone else cleaned it
             }
-            self.begin_run(&mut core, &[i])
+            self.plan_runs(&mut core, vec![i])
         };
-        self.finish_runs(vec![self.submit_run(run, true)])
+        let submitted = run.into_iter().map(|r| self.submit_run(r, true)).collect();
+        self.finish_runs(submitted)
     }
 
     /// Writes the dirty pages of `file` (those dirty now) and waits for its

@@ -7,6 +7,7 @@
 //! limit, so it can finish its critical section instead of waiting for
 //! writeback of background data (paper 000, Section 4.4).
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use parking_lot::Mutex;
@@ -26,6 +27,8 @@ const RECHECK: Duration = Duration::from_millis(50);
 #[derive(Default)]
 pub(crate) struct Throttle {
     waiters: Mutex<Vec<TaskRef>>,
+    /// How many wait (read on every write without taking the lock).
+    count: AtomicUsize,
 }
 
 impl Blocker for Throttle {
@@ -51,17 +54,19 @@ impl Throttle {
         let scope = WaitScope::enter(status, self.clone());
         let me = context::current();
         self.waiters.lock().push(me.clone());
+        self.count.fetch_add(1, Ordering::SeqCst);
         while !allowed() {
             kick();
             thread::park_timeout(RECHECK);
         }
+        self.count.fetch_sub(1, Ordering::SeqCst);
         self.waiters.lock().retain(|t| t.id() != me.id());
         drop(scope);
     }
 
     /// Whether anyone is throttled.
     pub(crate) fn has_waiters(&self) -> bool {
-        !self.waiters.lock().is_empty()
+        self.count.load(Ordering::Relaxed) > 0
     }
 
     /// Wakes every throttled writer to re-check.

@@ -46,55 +46,54 @@ pub(crate) struct Submitted {
 }
 
 impl Inner {
-    /// Starts writeback of `frames` (dirty, contiguous pages of one file,
-    /// in order): copies them into one buffer and marks them under
-    /// writeback.
-    pub(crate) fn begin_run(&self, core: &mut Core, frames: &[usize]) -> Run {
-        assert!(!frames.is_empty());
-        let first = core
-            .frames
-            .frame(frames[0])
-            .key
-            .expect("dirty page has a key");
-        let pending = PendingIo::new(WRITEBACK_POINT, context::current(), &self.sync);
-        let mut buf = AlignedBuf::zeroed(frames.len() * self.page);
-        let mut pages = Vec::with_capacity(frames.len());
-        for (n, &i) in frames.iter().enumerate() {
-            let dst = &mut buf.as_mut_slice()[n * self.page..(n + 1) * self.page];
-            dst.copy_from_slice(&core.frames.frame(i).data);
-            let seq = core.frames.begin_writeback(i, pending.clone());
-            pages.push((i, seq));
-        }
-        Run {
-            pages,
-            offset: self.device_offset(first),
-            buf,
-            pending,
-        }
-    }
-
-    /// Splits dirty `frames` into runs of contiguous pages and starts them.
+    /// Starts writeback of dirty `frames` (given oldest first): splits them
+    /// into runs of contiguous pages of one file, copies each run into one
+    /// buffer, and marks the pages under writeback in the order given, so
+    /// the writeback line (what a task short of frames waits for) keeps the
+    /// dirtying order.
     pub(crate) fn plan_runs(&self, core: &mut Core, frames: Vec<usize>) -> Vec<Run> {
-        let mut keyed: Vec<(PageKey, usize)> = frames
+        let mut keyed: Vec<(PageKey, usize, usize)> = frames
             .into_iter()
-            .map(|i| (core.frames.frame(i).key.expect("dirty page has a key"), i))
+            .enumerate()
+            .map(|(order, i)| {
+                let key = core.frames.frame(i).key.expect("dirty page has a key");
+                (key, i, order)
+            })
             .collect();
         keyed.sort_unstable();
         let batch = self.cfg.writeback_batch_pages as usize;
-        let mut runs = Vec::new();
-        let mut current: Vec<usize> = Vec::new();
+        let mut runs: Vec<Run> = Vec::new();
+        let mut begin: Vec<(usize, usize, usize)> = Vec::with_capacity(keyed.len());
         let mut last: Option<PageKey> = None;
-        for (key, i) in keyed {
+        for &(key, i, order) in &keyed {
             let follows = last.is_some_and(|l| l.file == key.file && l.page + 1 == key.page);
-            if !current.is_empty() && (!follows || current.len() == batch) {
-                runs.push(self.begin_run(core, &current));
-                current.clear();
+            let full = runs.last().is_some_and(|r| r.pages.len() == batch);
+            if runs.is_empty() || !follows || full {
+                runs.push(Run {
+                    pages: Vec::new(),
+                    offset: self.device_offset(key),
+                    buf: AlignedBuf::zeroed(0),
+                    pending: PendingIo::new(WRITEBACK_POINT, context::current(), &self.sync),
+                });
             }
-            current.push(i);
+            let r = runs.len() - 1;
+            runs[r].pages.push((i, 0));
+            begin.push((order, r, runs[r].pages.len() - 1));
             last = Some(key);
         }
-        if !current.is_empty() {
-            runs.push(self.begin_run(core, &current));
+        for run in &mut runs {
+            let mut buf = AlignedBuf::zeroed(run.pages.len() * self.page);
+            for (n, &(i, _)) in run.pages.iter().enumerate() {
+                buf.as_mut_slice()[n * self.page..(n + 1) * self.page]
+                    .copy_from_slice(core.frames.data(i));
+            }
+            run.buf = buf;
+        }
+        begin.sort_unstable();
+        for (_, r, p) in begin {
+            let run = &mut runs[r];
+            let i = run.pages[p].0;
+            run.pages[p].1 = core.frames.begin_writeback(i, run.pending.clone());
         }
         runs
     }
