@@ -88,7 +88,6 @@ fn stack_config(w: &KvWorkload, device: DeviceSpec, spec: &RunSpec) -> StackConf
         scheme: spec.scheme,
         critio,
         engine: EngineConfig {
-            buckets: w.buckets,
             checkpoint_interval_ms: if spec.background {
                 w.checkpoint_interval_ms
             } else {

@@ -33,7 +33,6 @@ const SEEDS: [u64; 4] = [1, 2, 3, 4];
 
 const CONFIG: &str = "\
 [engine]
-buckets = 1024
 log_bytes = 4194304
 checkpoint_interval_ms = 150
 value_bytes_max = 65536

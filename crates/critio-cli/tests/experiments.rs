@@ -76,7 +76,6 @@ capacity_bytes = 268435456
 cache_bytes = 16777216
 checkpoint_interval_ms = 200
 bgsave_every_s = 0.0
-buckets = 512
 
 [write_cache]
 device = "sim:ssd"

@@ -289,7 +289,6 @@ mod tests {
             device: DeviceSpec::Mem,
             capacity: 64 << 20,
             engine: EngineConfig {
-                buckets: 64,
                 log_bytes: 32 << 20,
                 checkpoint_interval_ms: 0,
                 ..EngineConfig::default()

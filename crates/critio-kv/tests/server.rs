@@ -28,7 +28,6 @@ const FRAME_MAX: u64 = 256 << 10;
 
 fn engine_config() -> EngineConfig {
     EngineConfig {
-        buckets: 1024,
         log_bytes: 4 * MIB,
         value_bytes_max: VALUE_MAX,
         checkpoint_interval_ms: 200,

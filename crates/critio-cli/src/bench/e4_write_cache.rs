@@ -171,7 +171,6 @@ fn stack_config(
         scheme: Scheme::Rcp,
         critio,
         engine: EngineConfig {
-            buckets: load.buckets,
             checkpoint_interval_ms: load.checkpoint_interval_ms,
             log_bytes: 64 * MIB,
             ..EngineConfig::default()

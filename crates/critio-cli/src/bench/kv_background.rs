@@ -130,8 +130,6 @@ fn open(scheme: Scheme, p: Params, device: &DeviceSpec) -> Result<(Stack, StackC
         scheme,
         critio,
         engine: EngineConfig {
-            // About four keys a bucket: the pages hold the data densely.
-            buckets: (p.keyspace / 4).clamp(1024, 1 << 20) as u32,
             checkpoint_interval_ms: p.checkpoint_interval_ms,
             ..EngineConfig::default()
         },

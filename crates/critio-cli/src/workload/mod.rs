@@ -66,8 +66,6 @@ pub struct KvWorkload {
     pub checkpoint_interval_ms: u64,
     /// Start a BGSAVE this often during the run (0: never), in s.
     pub bgsave_every_s: f64,
-    /// Hash buckets of the store.
-    pub buckets: u32,
 }
 
 /// One operation of the load.

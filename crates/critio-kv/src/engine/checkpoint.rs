@@ -1,15 +1,16 @@
-//! Checkpoints, recovery, and the background jobs (checkpointer, BGSAVE,
-//! BGREWRITEAOF).
+//! Checkpoints, recovery, and the checkpointer.
 //!
 //! ```text
-//!  checkpoint:  epoch (exclusive): LSN C, new epoch, metadata extent, live bitmap
-//!               flush data pages (non-critical unless someone critical waits)
-//!               superblock seq+1 (durable) ─> free old pages, truncate log <= C
-//!  recovery:    newest valid superblock ─> directory, bitmap, key count
-//!               log records > C replayed ─> a checkpoint
+//!  checkpoint:  epoch (exclusive): LSN C, value log (tail T, head P)
+//!               flush the value log's pages (non-critical unless someone critical waits)
+//!               superblock seq+1 {C, T, P} (durable) ─> space below T reusable, WAL truncated to C
+//!  recovery:    newest valid superblock ─> scan the value log [T, P) into the index
+//!               WAL records > C replayed ─> a checkpoint
+//!  checkpointer: every checkpoint_interval_ms, when the WAL is checkpoint_log_pct full,
+//!               when asked; and it cleans first when the value log runs short of space
 //! ```
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -19,22 +20,23 @@ use critio::log::{Log, LogConfig};
 use critio::sync::{Condvar, Mutex, RwLock};
 use serde::Serialize;
 
-use super::alloc::Allocator;
-use super::entry::Reader;
+use super::index::{Index, Loc};
 use super::layout::{Layout, SUPERBLOCK_BYTES, SUPERBLOCK_OFFSET};
-use super::superblock::Superblock;
+use super::ops::{Encoded, Held};
+use super::record::{KIND_DEL, KIND_FLUSHALL};
+use super::superblock::{Slot, Superblock};
+use super::vlog::{Flow, Vlog, Who};
 use super::wal::{self, Op};
-use super::{Engine, EngineConfig, EngineError, Inner, Parts, STRIPES};
+use super::{Engine, EngineConfig, EngineError, Inner, Parts};
 
-const META_MAGIC: &[u8; 4] = b"CKVM";
 /// How often the checkpointer looks at the clock and the log.
 const CHECKPOINTER_TICK: Duration = Duration::from_millis(50);
 
-/// The checkpoint sequence and the durable checkpoint's metadata extent.
+/// The checkpoint sequence, and whether someone asked for a checkpoint
+/// (or for cleaning).
 pub(crate) struct State {
     seq: u64,
-    meta: Option<(u64, u32)>,
-    requested: bool,
+    pub(crate) requested: bool,
 }
 
 /// Background jobs in progress.
@@ -73,111 +75,57 @@ pub struct BackgroundStats {
     pub last_snapshot_ms: f64,
     /// Keys written by the last snapshot.
     pub last_snapshot_keys: u64,
-    /// Index rewrites (BGREWRITEAOF) completed.
+    /// Value-log rewrites (BGREWRITEAOF) completed.
     pub rewrites: u64,
-    /// Buckets the last rewrite repacked.
-    pub last_rewrite_buckets: u64,
+    /// Records the last rewrite copied (live ones).
+    pub last_rewrite_records: u64,
+    /// Records the cleaner copied in all (rewrites and cleaning for space).
+    pub cleaned_records: u64,
+    /// Value-log bytes the cleaner went through in all.
+    pub cleaned_bytes: u64,
     /// The last background error, if any.
     pub last_error: Option<String>,
 }
 
-fn encode_meta(dir: &[u64], keys: u64, live: &[u64]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(16 + 8 * (dir.len() + live.len()));
-    out.extend_from_slice(META_MAGIC);
-    out.extend_from_slice(&(dir.len() as u32).to_le_bytes());
-    out.extend_from_slice(&keys.to_le_bytes());
-    out.extend_from_slice(&(live.len() as u64).to_le_bytes());
-    for v in dir.iter().chain(live) {
-        out.extend_from_slice(&v.to_le_bytes());
-    }
-    out
-}
-
-fn decode_meta(bytes: &[u8]) -> Option<(Vec<u64>, u64, Vec<u64>)> {
-    let mut r = Reader(bytes);
-    if r.take(4)? != META_MAGIC {
-        return None;
-    }
-    let buckets = r.u32()? as usize;
-    let keys = r.u64()?;
-    let words = r.u64()? as usize;
-    let dir = (0..buckets).map(|_| r.u64()).collect::<Option<Vec<_>>>()?;
-    let live = (0..words).map(|_| r.u64()).collect::<Option<Vec<_>>>()?;
-    Some((dir, keys, live))
-}
-
-/// What recovery loaded from the newest checkpoint.
-struct Loaded {
-    sb: Option<Superblock>,
-    dir: Vec<u64>,
-    keys: u64,
-    alloc: Allocator,
-}
-
-fn load_checkpoint(
-    parts: &Parts,
-    layout: &Layout,
-    cfg: &EngineConfig,
-) -> Result<Loaded, EngineError> {
-    let read = |off: u64, len: usize| -> Result<Vec<u8>, EngineError> {
-        Ok(parts.block.read(off, len)?.as_slice().to_vec())
-    };
-    let slots = [0, 1].map(|i| {
-        read(
+/// Reads both superblock slots: the newest valid one, if any.
+fn load_superblock(parts: &Parts, layout: &Layout) -> Result<Option<Superblock>, EngineError> {
+    let mut best: Option<Superblock> = None;
+    for i in 0..2 {
+        let buf = parts.block.read(
             SUPERBLOCK_OFFSET + i * SUPERBLOCK_BYTES,
             SUPERBLOCK_BYTES as usize,
-        )
-    });
-    let mut best: Option<Superblock> = None;
-    for s in slots {
-        if let Some(sb) = Superblock::decode(&s?) {
-            if best.is_none_or(|b| sb.seq > b.seq) {
-                best = Some(sb);
+        )?;
+        match Superblock::decode(buf.as_slice()) {
+            Slot::Valid(sb) if best.is_none_or(|b| sb.seq > b.seq) => best = Some(sb),
+            Slot::OtherVersion(v) => {
+                return Err(EngineError::Config(format!(
+                    "the store was written by another version of critio-kv (format {v}); \
+                     use that version, or start with an empty device"
+                )))
             }
+            _ => {}
         }
     }
-    let Some(sb) = best else {
-        return Ok(Loaded {
-            sb: None,
-            dir: vec![0; cfg.buckets as usize],
-            keys: 0,
-            alloc: Allocator::new(layout.data.1),
-        });
-    };
-    if sb.data_pages != layout.data.1 || u64::from(sb.page_bytes) != layout.page {
-        return Err(EngineError::Config(format!(
-            "the store was created with {} data pages of {} bytes, this layout has {} of {}: \
-             use the same device size and engine.log_bytes / engine.dump_pct",
-            sb.data_pages, sb.page_bytes, layout.data.1, layout.page
-        )));
+    if let Some(sb) = best {
+        if sb.vlog_bytes != layout.data.1 * layout.page || u64::from(sb.page_bytes) != layout.page {
+            return Err(EngineError::Config(format!(
+                "the store was created with a {}-byte value log of {}-byte pages, this layout has \
+                 {} of {}: use the same device size and engine.log_bytes / engine.dump_pct",
+                sb.vlog_bytes,
+                sb.page_bytes,
+                layout.data.1 * layout.page,
+                layout.page
+            )));
+        }
     }
-    let meta_bytes = sb.meta_len.div_ceil(layout.page) * layout.page;
-    let raw = read(
-        layout.data.0 + sb.meta_page * layout.page,
-        meta_bytes as usize,
-    )?;
-    let meta = &raw[..sb.meta_len as usize];
-    if crc32c::crc32c(meta) != sb.meta_crc {
-        return Err(EngineError::Corrupt(format!(
-            "checkpoint {} metadata checksum",
-            sb.seq
-        )));
-    }
-    let (dir, keys, live) = decode_meta(meta)
-        .ok_or_else(|| EngineError::Corrupt(format!("checkpoint {} metadata layout", sb.seq)))?;
-    Ok(Loaded {
-        sb: Some(sb),
-        dir,
-        keys,
-        alloc: Allocator::restore(layout.data.1, &live),
-    })
+    Ok(best)
 }
 
 impl Engine {
-    /// Opens (or creates) the store on `parts`: loads the newest checkpoint,
-    /// replays the log after it, takes a checkpoint, and starts the
-    /// checkpointer. `log_base` gives the log's settings; its region is the
-    /// layout's.
+    /// Opens (or creates) the store on `parts`: reads the newest
+    /// checkpoint, rebuilds the index from the value log, replays the WAL
+    /// after it, takes a checkpoint, and starts the checkpointer.
+    /// `log_base` gives the WAL's settings; its region is the layout's.
     pub fn open(
         parts: Parts,
         cfg: EngineConfig,
@@ -194,12 +142,17 @@ impl Engine {
         }
         let capacity = parts.block.device().info().capacity;
         let layout = Layout::new(capacity, cfg.log_bytes, cfg.dump_pct, 4096)?;
-        let data = parts
-            .cache
-            .add_file("data", layout.data.0, layout.data.1 * layout.page)?;
+        let vlog_bytes = layout.data.1 * layout.page;
+        let record_max = super::record::size(cfg.key_bytes_max, cfg.value_bytes_max);
+        if (record_max as u64) * 16 > vlog_bytes {
+            return Err(EngineError::Config(format!(
+                "the value log ({vlog_bytes} bytes) must hold at least 16 of the largest records \
+                 ({record_max} bytes): use a larger device or lower engine.value_bytes_max"
+            )));
+        }
+        let data = parts.cache.add_file("data", layout.data.0, vlog_bytes)?;
         let dump = parts.cache.add_file("dump", layout.dump.0, layout.dump.1)?;
-        let loaded = load_checkpoint(&parts, &layout, &cfg)?;
-        let buckets = loaded.dir.len() as u32;
+        let sb = load_superblock(&parts, &layout)?;
         let log_cfg = LogConfig {
             region_offset_bytes: layout.log.0,
             region_bytes: layout.log.1,
@@ -207,27 +160,30 @@ impl Engine {
         };
         let (log, recovery) = Log::open(parts.block.clone(), &log_cfg, &parts.sync)?;
         let opts = |name| parts.sync.options(name);
+        let range = sb.map_or((0, 0), |s| (s.tail, s.head));
+        let vlog = Vlog::new(
+            parts.cache.clone(),
+            data,
+            vlog_bytes,
+            cfg.live_max_pct,
+            record_max,
+            range,
+            opts,
+        );
         let inner = Arc::new(Inner {
-            cfg: EngineConfig { buckets, ..cfg },
+            cfg,
             layout,
             block: parts.block,
             cache: parts.cache,
-            data,
             dump,
             log,
             epoch: RwLock::with_options((), opts("kv: epoch")),
-            stripes: (0..STRIPES)
-                .map(|_| Mutex::with_options((), opts("kv: bucket")))
-                .collect(),
-            directory: loaded.dir.into_iter().map(AtomicU64::new).collect(),
-            alloc: Mutex::with_options(loaded.alloc, opts("kv: allocator")),
-            keys: AtomicU64::new(loaded.keys),
+            index: Index::new(opts("kv: key")),
+            vlog,
+            cleaner: Mutex::with_options((), opts("kv: cleaner")),
             ckpt: Mutex::with_options(
                 State {
-                    seq: loaded.sb.map_or(0, |s| s.seq),
-                    meta: loaded
-                        .sb
-                        .map(|s| (s.meta_page, s.meta_len.div_ceil(layout.page) as u32)),
+                    seq: sb.map_or(0, |s| s.seq),
                     requested: false,
                 },
                 opts("kv: checkpoint"),
@@ -237,7 +193,8 @@ impl Engine {
             closing: AtomicBool::new(false),
             failed: parking_lot::Mutex::new(None),
         });
-        let after = loaded.sb.map_or(0, |s| s.lsn);
+        inner.load_index(range)?;
+        let after = sb.map_or(0, |s| s.lsn);
         for (lsn, payload) in recovery.records.iter().filter(|(l, _)| *l > after) {
             let ops = wal::decode(payload)
                 .ok_or_else(|| EngineError::Corrupt(format!("log record {lsn} does not decode")))?;
@@ -267,8 +224,9 @@ impl Engine {
         self.inner.clone().start_job(true)
     }
 
-    /// Starts a rewrite of the index: drops expired keys and repacks
-    /// chains (BGREWRITEAOF).
+    /// Starts a rewrite of the value log: every live record written before
+    /// it started is copied to the head, expired keys are dropped, and the
+    /// space of the rest becomes free (BGREWRITEAOF).
     pub fn bgrewrite(&self) -> Result<(), EngineError> {
         self.inner.clone().start_job(false)
     }
@@ -302,10 +260,11 @@ impl Engine {
         self.inner.layout
     }
 
-    /// Data pages in use and in all.
-    pub fn pages(&self) -> (u64, u64) {
-        let a = self.inner.alloc.lock();
-        (a.in_use(), a.pages())
+    /// The value log's space: (live bytes, bytes between its tail and
+    /// head, its size).
+    pub fn space(&self) -> (u64, u64, u64) {
+        let v = &self.inner.vlog;
+        (v.live(), v.span(), v.region())
     }
 
     /// The log's stats.
@@ -325,52 +284,150 @@ impl Drop for Engine {
 }
 
 impl Inner {
-    /// Applies replayed operations (no logging: they are in the log).
-    fn replay(&self, ops: &[Op]) -> Result<(), EngineError> {
-        for op in ops {
-            match op {
-                Op::FlushAll => self.reset_all(),
-                Op::Put(e) => self.replay_one(&e.key, op)?,
-                Op::Del(k) => self.replay_one(k, op)?,
+    /// Rebuilds the index from the value log's records in `[tail, head)`:
+    /// the last record of each key wins (a deletion removes it).
+    fn load_index(&self, (tail, head): (u64, u64)) -> Result<(), EngineError> {
+        let (mut live, mut keys) = (0i64, 0i64);
+        self.vlog.scan(tail, head, |addr, r, size| {
+            match r.kind {
+                KIND_FLUSHALL => {
+                    for s in 0..super::index::STRIPES {
+                        self.index.lock(s).clear(false);
+                    }
+                    (live, keys) = (0, 0);
+                }
+                KIND_DEL => {
+                    let old = self
+                        .index
+                        .lock(Index::stripe_of(r.key))
+                        .set(r.key, None, false);
+                    if let Some(o) = old {
+                        live -= i64::from(o.size);
+                        keys -= 1;
+                    }
+                }
+                kind => {
+                    let loc = Loc {
+                        addr,
+                        size,
+                        kind,
+                        expire_at_ms: r.expire_at_ms,
+                    };
+                    let stripe = Index::stripe_of(r.key);
+                    match self.index.lock(stripe).set(r.key, Some(loc), false) {
+                        Some(o) => live += i64::from(size) - i64::from(o.size),
+                        None => {
+                            live += i64::from(size);
+                            keys += 1;
+                        }
+                    }
+                }
             }
-        }
+            Ok(Flow::Continue)
+        })?;
+        self.vlog.add_live(live);
+        self.index.set_count(keys as u64);
         Ok(())
     }
 
-    fn replay_one(&self, key: &[u8], op: &Op) -> Result<(), EngineError> {
-        let mut b = self.load_bucket(self.bucket_of(key))?;
-        self.apply(&mut b, op)?;
-        self.store_bucket(b)
+    /// Applies replayed operations (no logging: they are in the WAL).
+    fn replay(&self, ops: &[Op]) -> Result<(), EngineError> {
+        if ops.iter().any(|op| matches!(op, Op::FlushAll)) {
+            for op in ops {
+                match op {
+                    Op::FlushAll => self.reset_all()?,
+                    other => self.replay(std::slice::from_ref(other))?,
+                }
+            }
+            return Ok(());
+        }
+        let keys: Vec<&[u8]> = ops
+            .iter()
+            .map(|op| match op {
+                Op::Put(e) => &e.key[..],
+                Op::Del(k) => &k[..],
+                Op::FlushAll => unreachable!("handled above"),
+            })
+            .collect();
+        let mut held = Held::lock(&self.index, &keys);
+        let enc = Encoded::of(ops);
+        let bytes = enc.bytes.len() as u64;
+        let mut res = loop {
+            if let Some(r) = self
+                .vlog
+                .try_reserve(bytes, enc.largest(), 0, Who::Cleaner)?
+            {
+                break r;
+            }
+            // Recovery writes more than the log holds: clean (the space
+            // becomes reusable at the next checkpoint, which this takes).
+            drop(held);
+            self.clean_for_space()?;
+            held = Held::lock(&self.index, &keys);
+        };
+        self.apply(ops, &enc, &mut res, &mut held)
     }
 
-    /// Empties the store (the epoch lock is held exclusively, or this is
-    /// recovery).
-    fn reset_all(&self) {
-        for d in &self.directory {
-            d.store(0, Ordering::Release);
+    /// Empties the store: appends a FLUSHALL record and clears the index
+    /// (every stripe is held by the caller, or this is recovery).
+    fn reset_all(&self) -> Result<(), EngineError> {
+        let enc = Encoded::of(&[Op::FlushAll]);
+        let mut res = loop {
+            if let Some(r) =
+                self.vlog
+                    .try_reserve(enc.bytes.len() as u64, enc.largest(), 0, Who::Cleaner)?
+            {
+                break r;
+            }
+            self.clean_for_space()?;
+        };
+        let (_, snapshot) = self.vlog.append(&mut res, &enc.bytes, &enc.sizes)?;
+        for s in 0..super::index::STRIPES {
+            let (_, bytes) = self.index.lock(s).clear(snapshot);
+            self.vlog.add_live(-(bytes as i64));
         }
-        let keep: Vec<(u64, u32)> = self.ckpt.lock().meta.into_iter().collect();
-        self.alloc.lock().free_all_live(&keep);
-        self.keys.store(0, Ordering::Relaxed);
+        self.index.set_count(0);
+        Ok(())
     }
 
     /// FLUSHALL.
     pub(crate) fn flushall(&self) -> Result<(), EngineError> {
         let payload = wal::encode(&[Op::FlushAll]);
+        let enc = Encoded::of(&[Op::FlushAll]);
+        let bytes = enc.bytes.len() as u64;
         loop {
-            // Every stripe first (a writer holding one has loaded buckets
-            // that this would make stale), then the epoch.
-            let stripes: Vec<_> = self.stripes.iter().map(|s| s.lock()).collect();
-            let epoch = self.epoch.write();
-            let Some(lsn) = self.log.try_append(&payload)? else {
-                drop(epoch);
+            // Every stripe first (in order, like any writer), then the epoch.
+            let mut stripes: Vec<_> = (0..super::index::STRIPES)
+                .map(|s| self.index.lock(s))
+                .collect();
+            let reserved = self
+                .vlog
+                .try_reserve(bytes, enc.largest(), 0, Who::Writer)?;
+            let Some(mut res) = reserved else {
                 drop(stripes);
+                self.vlog
+                    .wait_for_space(bytes, enc.largest(), || self.want_cleaning());
+                continue;
+            };
+            let epoch = self.epoch.read();
+            let Some(lsn) = self.log.try_append(&payload)? else {
+                drop((res, epoch, stripes));
                 self.log.wait_for_space(payload.len())?;
                 continue;
             };
-            self.reset_all();
-            drop(epoch);
-            drop(stripes);
+            let (_, snapshot) = match self.vlog.append(&mut res, &enc.bytes, &enc.sizes) {
+                Ok(x) => x,
+                Err(e) => {
+                    *self.failed.lock() = Some(e.to_string());
+                    return Err(e);
+                }
+            };
+            for s in stripes.iter_mut() {
+                let (_, freed) = s.clear(snapshot);
+                self.vlog.add_live(-(freed as i64));
+            }
+            self.index.set_count(0);
+            drop((res, epoch, stripes));
             return Ok(self.log.commit(lsn)?);
         }
     }
@@ -401,68 +458,52 @@ impl Inner {
     }
 
     fn checkpoint_locked(&self, st: &mut State) -> Result<u64, EngineError> {
-        let page = self.layout.page;
-        let (lsn, boundary, meta, meta_page, meta_pages) = {
+        let (lsn, (tail, head)) = {
             let _epoch = self.epoch.write();
-            let lsn = self.log.next_lsn() - 1;
-            let dir: Vec<u64> = self
-                .directory
-                .iter()
-                .map(|d| d.load(Ordering::Acquire))
-                .collect();
-            let keys = self.keys.load(Ordering::Relaxed);
-            let mut a = self.alloc.lock();
-            let boundary = a.advance();
-            let words = a.live_bitmap().len();
-            let pages = (16 + 8 * (dir.len() + words)).div_ceil(page as usize) as u32;
-            let meta_page = a.alloc(pages).ok_or(EngineError::NoSpace)?;
-            let meta = encode_meta(&dir, keys, &a.live_bitmap());
-            (lsn, boundary, meta, meta_page, pages)
+            (self.log.next_lsn() - 1, self.vlog.boundary())
         };
-        let mut padded = meta.clone();
-        padded.resize(meta_pages as usize * page as usize, 0);
-        self.cache.write(self.data, meta_page * page, &padded)?;
-        self.cache.flush_file(self.data)?;
+        self.cache.flush_file(self.vlog.file())?;
         let sb = Superblock {
             seq: st.seq + 1,
             lsn,
-            meta_page,
-            meta_len: meta.len() as u64,
-            meta_crc: crc32c::crc32c(&meta),
-            buckets: self.cfg.buckets,
-            page_bytes: page as u32,
-            data_pages: self.layout.data.1,
+            tail,
+            head,
+            vlog_bytes: self.vlog.region(),
+            page_bytes: self.layout.page as u32,
         };
         let slot = SUPERBLOCK_OFFSET + (sb.seq % 2) * SUPERBLOCK_BYTES;
         let image = AlignedBuf::from_slice(&sb.encode(SUPERBLOCK_BYTES as usize));
         self.block.write(slot, image)?;
         self.block.flush()?;
         st.seq = sb.seq;
-        {
-            let mut a = self.alloc.lock();
-            if let Some((p, n)) = st.meta.replace((meta_page, meta_pages)) {
-                a.free(p, n);
-            }
-            a.checkpoint_durable(boundary);
-        }
+        self.vlog.checkpoint_durable(tail);
         self.log.truncate(lsn)?;
         Ok(lsn)
     }
 
-    /// The checkpointer: every `checkpoint_interval_ms`, or when the log is
+    /// The checkpointer: cleans when writers run short of value-log space,
+    /// and checkpoints every `checkpoint_interval_ms`, when the WAL is
     /// `checkpoint_log_pct` full, or when asked.
     fn checkpointer(self: Arc<Self>) {
         self.log.register_space_helper(context::current());
+        self.vlog.register_space_helper(context::current());
         let interval = Duration::from_millis(self.cfg.checkpoint_interval_ms);
         let mut last = Instant::now();
         loop {
             {
                 let st = self.ckpt.lock();
-                let (st, _) = self.ckpt_cv.wait_timeout(st, CHECKPOINTER_TICK);
-                drop(st);
+                if !st.requested {
+                    let (st, _) = self.ckpt_cv.wait_timeout(st, CHECKPOINTER_TICK);
+                    drop(st);
+                }
             }
             if self.closing.load(Ordering::SeqCst) {
                 return;
+            }
+            if self.short_of_space() {
+                if let Err(e) = self.clean_for_space() {
+                    self.bg.lock().stats.last_error = Some(format!("cleaner: {e}"));
+                }
             }
             let log_full = self.log.used_pct() >= self.cfg.checkpoint_log_pct as f64;
             let due = !interval.is_zero() && last.elapsed() >= interval;
@@ -492,6 +533,8 @@ impl Inner {
             }
             *running = true;
         }
+        // A snapshot is of the moment BGSAVE is called, like Redis's fork.
+        let range = snapshot.then(|| self.vlog.begin_snapshot());
         let name = if snapshot {
             "kv-bgsave"
         } else {
@@ -500,10 +543,9 @@ impl Inner {
         std::thread::Builder::new()
             .name(name.into())
             .spawn(move || {
-                let result = if snapshot {
-                    self.snapshot()
-                } else {
-                    self.rewrite()
+                let result = match range {
+                    Some(range) => self.snapshot(range),
+                    None => self.rewrite(),
                 };
                 let mut bg = self.bg.lock();
                 if let Err(e) = result {

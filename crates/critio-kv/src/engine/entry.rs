@@ -109,10 +109,6 @@ impl<'a> Reader<'a> {
         self.take(1).map(|b| b[0])
     }
 
-    pub(crate) fn u16(&mut self) -> Option<u16> {
-        self.take(2).map(|b| u16::from_le_bytes([b[0], b[1]]))
-    }
-
     pub(crate) fn u32(&mut self) -> Option<u32> {
         self.take(4)
             .map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes")))

@@ -1,21 +1,29 @@
-//! The on-demand background jobs: BGSAVE writes every key to the dump file
-//! from a frozen copy of the index; BGREWRITEAOF rewrites the index,
-//! dropping expired entries and repacking chains.
+//! The on-demand background jobs: BGSAVE writes every key as of its start
+//! to the dump file; BGREWRITEAOF rewrites the value log (the cleaner, over
+//! every record written before it started).
+//!
+//! BGSAVE reads the value log in order, past the cache, between the clean
+//! tail and the head at its start (the records stay in place until it
+//! ends), and writes a record if it was its key's latest when BGSAVE
+//! started (the index's snapshot view). Writers are never stopped: their
+//! first change of a key after the start saves the key's old location.
 //!
 //! Both run on their own thread, never foreground, with critio's locks: a
-//! request that needs a bucket the rewrite holds makes the rewrite critical
-//! for that moment.
+//! request that needs a stripe they hold makes them critical for that
+//! moment.
 //!
 //! ```text
 //!  dump file: | header page: "CKVD" | version u32 | keys u64 | body bytes u64 | crc32c(body) u32 |
 //!             | body: (klen u32 | key | kind u8 | expire_ms u64 | vlen u32 | value)* |
 //! ```
 
-use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-use super::store::now_ms;
-use super::{EngineError, Inner};
+use super::entry::{Entry, Reader, Value};
+use super::index::{Index, STRIPES};
+use super::ops::now_ms;
+use super::vlog::Flow;
+use super::{Engine, EngineError, Inner};
 
 const DUMP_MAGIC: &[u8; 4] = b"CKVD";
 const DUMP_VERSION: u32 = 1;
@@ -99,21 +107,15 @@ impl DumpWriter<'_> {
 }
 
 impl Inner {
-    /// BGSAVE: a consistent copy of every key as of its start.
-    pub(crate) fn snapshot(&self) -> Result<(), EngineError> {
+    /// BGSAVE: a consistent copy of every key as of its start, when the
+    /// value log's `range` was taken ([`super::vlog::Vlog::begin_snapshot`]).
+    pub(crate) fn snapshot(&self, range: (u64, u64)) -> Result<(), EngineError> {
         let started = Instant::now();
-        let dir: Vec<u64> = {
-            let _epoch = self.epoch.write();
-            let mut a = self.alloc.lock();
-            let from = a.advance();
-            a.pin(from); // the frozen tree's pages stay until the snapshot ends
-            self.directory
-                .iter()
-                .map(|d| d.load(Ordering::Acquire))
-                .collect()
-        };
-        let result = self.write_dump(&dir);
-        self.alloc.lock().unpin();
+        let result = self.write_dump(range);
+        self.vlog.end_snapshot();
+        for s in 0..STRIPES {
+            self.index.lock(s).end_snapshot();
+        }
         let keys = result?;
         let mut bg = self.bg.lock();
         bg.stats.snapshots += 1;
@@ -122,7 +124,7 @@ impl Inner {
         Ok(())
     }
 
-    fn write_dump(&self, dir: &[u64]) -> Result<u64, EngineError> {
+    fn write_dump(&self, (from, to): (u64, u64)) -> Result<u64, EngineError> {
         let now = now_ms();
         let mut w = DumpWriter {
             inner: self,
@@ -132,38 +134,81 @@ impl Inner {
             body: 0,
             keys: 0,
         };
-        for &head in dir.iter().filter(|&&h| h != 0) {
-            let (_, slots) = self.read_chain(head)?;
-            for s in slots
-                .iter()
-                .filter(|s| s.expire_at_ms == 0 || s.expire_at_ms > now)
-            {
-                let value = self.value_bytes(s)?;
-                w.entry(&s.key, s.kind, s.expire_at_ms, &value)?;
+        self.vlog.scan(from, to, |addr, r, _| {
+            if !r.is_value() {
+                return Ok(Flow::Continue);
             }
-        }
+            let then = self
+                .index
+                .lock(Index::stripe_of(r.key))
+                .as_of_snapshot(r.key);
+            if then.is_some_and(|l| l.addr == addr && !l.expired(now)) {
+                w.entry(r.key, r.kind, r.expire_at_ms, r.value)?;
+            }
+            Ok(Flow::Continue)
+        })?;
         w.finish()
     }
 
-    /// BGREWRITEAOF: drops expired entries and repacks chains, bucket by
-    /// bucket (a physical change: nothing to log).
+    /// BGREWRITEAOF: every record written before it started is gone
+    /// through; live ones are copied to the head, expired keys dropped.
     pub(crate) fn rewrite(&self) -> Result<(), EngineError> {
-        let mut repacked = 0;
-        for b in 0..self.directory.len() {
-            if self.closing.load(Ordering::SeqCst) {
-                break;
-            }
-            let _stripe = self.stripes[Self::stripe_of(b)].lock();
-            let mut bucket = self.load_bucket(b)?;
-            if self.repack(&mut bucket, now_ms()).is_some() {
-                let _epoch = self.epoch.read();
-                self.store_bucket(bucket)?;
-                repacked += 1;
-            }
-        }
+        let head = self.vlog.head();
+        let done = self.clean(head)?;
+        self.checkpoint()?;
         let mut bg = self.bg.lock();
         bg.stats.rewrites += 1;
-        bg.stats.last_rewrite_buckets = repacked;
+        bg.stats.last_rewrite_records = done.copied;
         Ok(())
+    }
+}
+
+impl Engine {
+    /// The entries of the last complete dump (BGSAVE), checked against its
+    /// checksum; an empty list if there is none.
+    pub fn read_dump(&self) -> Result<Vec<Entry>, EngineError> {
+        let inner = &self.inner;
+        let page = inner.layout.page as usize;
+        let mut head = vec![0u8; page];
+        inner.cache.read_through(inner.dump, 0, &mut head)?;
+        let mut r = Reader(&head);
+        if r.take(4) != Some(&DUMP_MAGIC[..]) {
+            return Ok(Vec::new());
+        }
+        let bad = |why: &str| EngineError::Corrupt(format!("dump file: {why}"));
+        if r.u32() != Some(DUMP_VERSION) {
+            return Err(bad("unknown version"));
+        }
+        let (keys, body, crc) = match (r.u64(), r.u64(), r.u32()) {
+            (Some(k), Some(b), Some(c)) => (k, b, c),
+            _ => return Err(bad("short header")),
+        };
+        if body > inner.layout.dump.1 - page as u64 {
+            return Err(bad("body larger than the file"));
+        }
+        let mut bytes = vec![0u8; body as usize];
+        inner
+            .cache
+            .read_through(inner.dump, page as u64, &mut bytes)?;
+        if crc32c::crc32c(&bytes) != crc {
+            return Err(bad("checksum"));
+        }
+        let mut r = Reader(&bytes);
+        let mut out = Vec::with_capacity(keys.min(1 << 20) as usize);
+        for _ in 0..keys {
+            let entry = (|| {
+                let key = r.bytes()?.to_vec();
+                let kind = r.u8()?;
+                let expire_at_ms = r.u64()?;
+                let value = Value::decode(kind, r.bytes()?)?;
+                Some(Entry {
+                    key,
+                    expire_at_ms,
+                    value,
+                })
+            })();
+            out.push(entry.ok_or_else(|| bad("entry layout"))?);
+        }
+        Ok(out)
     }
 }

@@ -1,38 +1,51 @@
-//! The storage engine: a persistent hash index of copy-on-write bucket
-//! pages, behind critio's page cache and write-ahead log.
+//! The storage engine: a log-structured store. Values live in a value log
+//! (the data region, through critio's page cache); an in-memory index maps
+//! each key to its latest record; every change is first made durable in
+//! critio's write-ahead log.
 //!
 //! ```text
-//!  request (foreground) ─┬─ read:  bucket stripe lock ─> bucket chain (cache) ─> blob (cache)
-//!                        └─ write: epoch read lock ─> stripe locks ─> log append ─> apply ─> unlock
-//!                                  ─> log commit (durable) ─> acknowledge
-//!  checkpointer (background): epoch write lock: boundary (LSN, directory) ─> flush data pages
-//!        ─> write metadata ─> superblock (durable) ─> free old pages, truncate log
-//!  BGSAVE: boundary ─> read the frozen tree ─> dump file      BGREWRITEAOF: repack chains
+//!  request (foreground) ─┬─ read:  stripe lock ─> index ─> record (cache) ─> unlock
+//!                        └─ write: stripe locks ─> room? ─> epoch (shared) ─> WAL append
+//!                                  ─> value-log append (cache) ─> index ─> unlock
+//!                                  ─> WAL commit (durable) ─> acknowledge
+//!  checkpointer (background): epoch (exclusive): LSN C, value log (tail T, head P)
+//!        ─> flush the value log's pages ─> superblock {C, T, P} (durable)
+//!        ─> space below T reusable, WAL truncated to C; cleans when space runs low
+//!  cleaner (checkpointer, BGREWRITEAOF): oldest records ─> live ones copied to the head
+//!  BGSAVE: the records as of its start ─> dump file
 //! ```
 //!
-//! Durability: a write is acknowledged only after its log record is
-//! durable. Crash consistency: pages a durable checkpoint references are
-//! never overwritten (changed chains go to fresh pages; freed pages are
-//! reused only after the next checkpoint is durable), so recovery loads the
-//! last checkpoint exactly and replays the log records after its LSN. Log
-//! records state resulting values, so replay is exact.
+//! Durability: a write is acknowledged only after its WAL record is
+//! durable. Crash consistency: recovery reads the newest valid superblock,
+//! rebuilds the index by scanning the value log from its T to its P (every
+//! record there was flushed before the superblock was written, and space is
+//! reused only below the durable T), then replays the WAL records after its
+//! C. A page rewritten after a checkpoint keeps the bytes below P it held,
+//! so a torn write of the page at P cannot damage durable records.
+//!
+//! Cost per operation: a read is a hash lookup and a cache read of one
+//! record; a write appends one record to the WAL and one to the value log
+//! (sequential pages, written back in long runs). Nothing is proportional
+//! to the number of keys or the size of the cache.
 //!
 //! Every lock and wait is critio's, so a foreground request waiting for a
-//! background thread (a checkpoint holding the epoch lock, a snapshot
-//! holding a bucket stripe) makes it critical, and its I/O with it.
+//! background thread (a checkpoint holding the epoch lock, the cleaner
+//! holding a stripe or the value log in dirty throttling) makes it
+//! critical, and its I/O with it.
 
-mod alloc;
-mod bucket;
 mod checkpoint;
+mod clean;
 mod entry;
+mod index;
 mod jobs;
 mod layout;
 mod ops;
-mod store;
+mod record;
 mod superblock;
+mod vlog;
 mod wal;
 
-use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
@@ -48,19 +61,18 @@ pub use entry::{Entry, Value};
 pub use layout::Layout;
 pub use ops::{FieldValues, SetOptions};
 
-use alloc::Allocator;
+use index::Index;
+use vlog::Vlog;
 
 /// The engine's configuration (the `engine` section of a config file).
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct EngineConfig {
-    /// Hash buckets (fixed when the store is created). Default 65536.
-    pub buckets: u32,
     /// The longest key, in bytes. Default 1024 (at most 2048).
     pub key_bytes_max: usize,
     /// The largest value (a string, or a hash's encoding), in bytes.
     /// Default 1 MiB; a write must also fit one log record
-    /// (`log.record_bytes_max`). Values above 2 KiB live in blobs.
+    /// (`log.record_bytes_max`).
     pub value_bytes_max: usize,
     /// A checkpoint runs this often, in ms (0: only when the log fills).
     /// Default 10000.
@@ -71,20 +83,28 @@ pub struct EngineConfig {
     /// The log region, in bytes. Default 64 MiB.
     pub log_bytes: u64,
     /// The dump file (BGSAVE), in percent of the space after the log.
-    /// Default 25.
+    /// Default 33 (the value log gets the rest).
     pub dump_pct: u64,
+    /// Writes that would make the live data exceed this percentage of the
+    /// value log fail ("no space"): the rest is room for garbage, so the
+    /// cleaner copies little per byte it frees. Default 50, at most 80.
+    pub live_max_pct: u64,
+    /// The checkpointer cleans the oldest records when writers' free space
+    /// in the value log falls below this percentage. Default 25.
+    pub clean_free_pct: u64,
 }
 
 impl Default for EngineConfig {
     fn default() -> Self {
         Self {
-            buckets: 65536,
             key_bytes_max: 1024,
             value_bytes_max: 1 << 20,
             checkpoint_interval_ms: 10_000,
             checkpoint_log_pct: 50,
             log_bytes: 64 << 20,
-            dump_pct: 25,
+            dump_pct: 33,
+            live_max_pct: 50,
+            clean_free_pct: 25,
         }
     }
 }
@@ -93,9 +113,6 @@ impl EngineConfig {
     /// Checks every field; the error names the first bad one.
     pub fn validate(&self) -> Result<(), EngineError> {
         let bad = |f: &str, why: &str| Err(EngineError::Config(format!("engine.{f}: {why}")));
-        if !(16..=1 << 24).contains(&self.buckets) {
-            return bad("buckets", "must be within 16..=16777216");
-        }
         if !(1..=2048).contains(&self.key_bytes_max) {
             return bad("key_bytes_max", "must be within 1..=2048");
         }
@@ -107,6 +124,12 @@ impl EngineConfig {
         }
         if !(1..=90).contains(&self.dump_pct) {
             return bad("dump_pct", "must be within 1..=90");
+        }
+        if !(1..=80).contains(&self.live_max_pct) {
+            return bad("live_max_pct", "must be within 1..=80");
+        }
+        if !(1..=90).contains(&self.clean_free_pct) {
+            return bad("clean_free_pct", "must be within 1..=90");
         }
         Ok(())
     }
@@ -143,7 +166,7 @@ pub enum EngineError {
         max: usize,
     },
     /// The data region is full.
-    #[error("ERR no space left in the data region; delete keys or use a larger device")]
+    #[error("ERR no space left in the data region (engine.live_max_pct of the value log is live data); delete keys or use a larger device")]
     NoSpace,
     /// A background job is already running.
     #[error("ERR {0}")]
@@ -169,25 +192,20 @@ pub enum EngineError {
     Block(#[from] BlockError),
 }
 
-/// Stripes of bucket locks (a multi-key write holds several while it
-/// loads its buckets: more stripes, fewer collisions).
-const STRIPES: usize = 1024;
-
 pub(crate) struct Inner {
     cfg: EngineConfig,
     layout: Layout,
     block: Arc<BlockLayer>,
     cache: Arc<PageCache>,
-    data: FileId,
     dump: FileId,
     log: Log,
-    /// Writers hold it shared while they log and apply; a boundary holds it
-    /// exclusively.
+    /// Writers hold it shared while they log and apply; a checkpoint's
+    /// boundary holds it exclusively.
     epoch: RwLock<()>,
-    stripes: Vec<Mutex<()>>,
-    directory: Vec<AtomicU64>,
-    alloc: Mutex<Allocator>,
-    keys: AtomicU64,
+    index: Index,
+    vlog: Vlog,
+    /// One cleaner at a time (the checkpointer's, or BGREWRITEAOF).
+    cleaner: Mutex<()>,
     ckpt: Mutex<checkpoint::State>,
     ckpt_cv: Condvar,
     bg: Mutex<checkpoint::Background>,

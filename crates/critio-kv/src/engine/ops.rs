@@ -1,22 +1,26 @@
 //! The operations the server calls, all through one write path:
 //!
 //! ```text
-//!  bucket stripes (sorted) ─> load buckets ─> decide ops ─> room in the data region?
-//!   ─> epoch (shared) ─> log append (no waiting while locked)
-//!   ─> apply to the buckets ─> store them (fresh pages) ─> unlock ─> commit (durable)
+//!  stripes (sorted) ─> current entries (values read only if the op needs them)
+//!   ─> decide ops ─> room in the value log? (else unlock, wait, retry)
+//!   ─> epoch (shared) ─> WAL append (else unlock, wait, retry)
+//!   ─> value-log append ─> index ─> unlock ─> WAL commit (durable)
 //!
-//! Lock order: stripes, then the epoch. A checkpoint boundary takes only the
-//! epoch (exclusive), FLUSHALL every stripe and then the epoch.
+//! Lock order: stripes, then the epoch, then the value log. A checkpoint
+//! boundary takes only the epoch (exclusive), FLUSHALL every stripe.
 //! ```
 //!
 //! Logging and applying under the same stripe locks keeps each key's log
 //! order equal to its apply order, so replay rebuilds exactly this state.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::Ordering;
 
-use super::entry::{Entry, Value};
-use super::store::{now_ms, Bucket};
+use critio::sync::MutexGuard;
+
+use super::entry::{Entry, Value, KIND_HASH, KIND_STR};
+use super::index::{Index, Loc, Stripe};
+use super::record::{self, Record, KIND_DEL};
+use super::vlog::{Reservation, Who};
 use super::wal::{self, Op};
 use super::{Engine, EngineError, Inner};
 
@@ -32,6 +36,103 @@ pub struct SetOptions {
     pub xx: bool,
     /// Expire at this time (ms since the Unix epoch).
     pub expire_at_ms: Option<u64>,
+}
+
+/// A key's current entry: where it is, and its value if the operation
+/// asked for it.
+pub(crate) struct Found {
+    pub(crate) loc: Loc,
+    pub(crate) value: Option<Value>,
+}
+
+/// Milliseconds since the Unix epoch.
+pub(crate) fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// Value-log records of operations, contiguous, with each one's size.
+pub(crate) struct Encoded {
+    pub(crate) bytes: Vec<u8>,
+    pub(crate) sizes: Vec<usize>,
+}
+
+impl Encoded {
+    pub(crate) fn of(ops: &[Op]) -> Encoded {
+        let mut e = Encoded {
+            bytes: Vec::new(),
+            sizes: Vec::with_capacity(ops.len()),
+        };
+        for op in ops {
+            let at = e.bytes.len();
+            match op {
+                Op::Put(entry) => {
+                    let value = entry.value.encode();
+                    record::encode(
+                        &Record {
+                            kind: entry.value.kind(),
+                            expire_at_ms: entry.expire_at_ms,
+                            key: &entry.key,
+                            value: &value,
+                        },
+                        &mut e.bytes,
+                    );
+                }
+                Op::Del(key) => record::encode(
+                    &Record {
+                        kind: KIND_DEL,
+                        expire_at_ms: 0,
+                        key,
+                        value: &[],
+                    },
+                    &mut e.bytes,
+                ),
+                Op::FlushAll => record::encode(
+                    &Record {
+                        kind: record::KIND_FLUSHALL,
+                        expire_at_ms: 0,
+                        key: &[],
+                        value: &[],
+                    },
+                    &mut e.bytes,
+                ),
+            }
+            e.sizes.push(e.bytes.len() - at);
+        }
+        e
+    }
+
+    pub(crate) fn largest(&self) -> u64 {
+        self.sizes.iter().copied().max().unwrap_or(0) as u64
+    }
+}
+
+/// The stripes a write holds, in stripe order.
+pub(crate) struct Held<'a> {
+    stripes: Vec<(usize, MutexGuard<'a, Stripe>)>,
+}
+
+impl<'a> Held<'a> {
+    /// Locks the stripes of `keys`, in stripe order.
+    pub(crate) fn lock(index: &'a Index, keys: &[&[u8]]) -> Held<'a> {
+        let mut s: Vec<usize> = keys.iter().map(|k| Index::stripe_of(k)).collect();
+        s.sort_unstable();
+        s.dedup();
+        Held {
+            stripes: s.into_iter().map(|i| (i, index.lock(i))).collect(),
+        }
+    }
+
+    /// The (held) stripe of `key`.
+    pub(crate) fn of(&mut self, key: &[u8]) -> &mut Stripe {
+        let s = Index::stripe_of(key);
+        let at = self
+            .stripes
+            .binary_search_by_key(&s, |(i, _)| *i)
+            .expect("the key's stripe is held");
+        &mut self.stripes[at].1
+    }
 }
 
 impl Inner {
@@ -60,119 +161,192 @@ impl Inner {
         Ok(())
     }
 
+    /// Reads the value of the record at `loc`, checking it is `key`'s.
+    pub(crate) fn load_value(&self, key: &[u8], loc: &Loc) -> Result<Value, EngineError> {
+        let buf = self.vlog.read(loc.addr, loc.size)?;
+        let r = self.vlog.decode(loc.addr, &buf)?;
+        if r.key != key || r.kind != loc.kind {
+            return Err(EngineError::Corrupt(format!(
+                "value log record at {} is not key {:?}'s",
+                loc.addr,
+                String::from_utf8_lossy(key)
+            )));
+        }
+        Value::decode(r.kind, r.value)
+            .ok_or_else(|| EngineError::Corrupt(format!("value of key {key:?} does not decode")))
+    }
+
+    /// `key`'s entry in its (locked) stripe, if present and not expired;
+    /// its value is read only if `load`.
+    fn lookup(
+        &self,
+        stripe: &Stripe,
+        key: &[u8],
+        now: u64,
+        load: bool,
+    ) -> Result<Option<Found>, EngineError> {
+        let Some(loc) = stripe.get(key).filter(|l| !l.expired(now)) else {
+            return Ok(None);
+        };
+        let value = if load {
+            Some(self.load_value(key, &loc)?)
+        } else {
+            None
+        };
+        Ok(Some(Found { loc, value }))
+    }
+
     /// Reads one key.
-    pub(crate) fn read(&self, key: &[u8]) -> Result<Option<Entry>, EngineError> {
+    pub(crate) fn read(&self, key: &[u8]) -> Result<Option<Found>, EngineError> {
         self.check_key(key)?;
-        let b = self.bucket_of(key);
-        let _stripe = self.stripes[Self::stripe_of(b)].lock();
-        let bucket = self.load_bucket(b)?;
-        self.entry_in(&bucket, key, now_ms())
+        let stripe = self.index.lock(Index::stripe_of(key));
+        self.lookup(&stripe, key, now_ms(), true)
     }
 
     /// The write path: `decide` sees the current entries of `keys` (None:
-    /// absent or expired) and returns the operations to log and apply, and
-    /// the caller's result.
+    /// absent or expired; values read only if `load`) and returns the
+    /// operations to log and apply, and the caller's result.
     pub(crate) fn mutate<R>(
         &self,
         keys: &[&[u8]],
-        mut decide: impl FnMut(&[Option<Entry>]) -> Result<(Vec<Op>, R), EngineError>,
+        load: bool,
+        mut decide: impl FnMut(&[Option<Found>]) -> Result<(Vec<Op>, R), EngineError>,
     ) -> Result<R, EngineError> {
         for k in keys {
             self.check_key(k)?;
         }
-        if let Some(why) = self.failed.lock().clone() {
-            return Err(EngineError::Failed(why));
-        }
         loop {
-            let indices: Vec<usize> = keys.iter().map(|k| self.bucket_of(k)).collect();
-            let mut stripes: Vec<usize> = indices.iter().map(|&b| Self::stripe_of(b)).collect();
-            stripes.sort_unstable();
-            stripes.dedup();
-            let _guards: Vec<_> = stripes.iter().map(|&s| self.stripes[s].lock()).collect();
-            let mut unique = indices.clone();
-            unique.sort_unstable();
-            unique.dedup();
-            let buckets: Vec<Bucket> = unique
-                .iter()
-                .map(|&b| self.load_bucket(b))
-                .collect::<Result<_, _>>()?;
+            if let Some(why) = self.failed.lock().clone() {
+                return Err(EngineError::Failed(why));
+            }
+            let mut held = Held::lock(&self.index, keys);
             let now = now_ms();
             let current = keys
                 .iter()
-                .zip(&indices)
-                .map(|(k, b)| {
-                    let bucket = buckets.iter().find(|x| x.index == *b).expect("loaded");
-                    self.entry_in(bucket, k, now)
-                })
+                .map(|k| self.lookup(held.of(k), k, now, load))
                 .collect::<Result<Vec<_>, _>>()?;
             let (ops, result) = decide(&current)?;
             if ops.is_empty() {
                 return Ok(result);
             }
             self.check_ops(&ops)?;
-            self.check_space(&ops)?;
+            let enc = Encoded::of(&ops);
+            let growth = live_growth(&ops, &enc, &mut held);
+            let bytes = enc.bytes.len() as u64;
+            let Some(mut res) = self
+                .vlog
+                .try_reserve(bytes, enc.largest(), growth, Who::Writer)?
+            else {
+                drop(held);
+                self.vlog
+                    .wait_for_space(bytes, enc.largest(), || self.want_cleaning());
+                continue;
+            };
             // Only logging and applying (memory) happen under the epoch lock,
             // so a checkpoint boundary never waits for a writer's disk reads.
-            let _epoch = self.epoch.read();
+            let epoch = self.epoch.read();
             let payload = wal::encode(&ops);
             let Some(lsn) = self.log.try_append(&payload)? else {
-                drop(_guards);
-                drop(_epoch);
+                drop((res, epoch, held));
                 self.log.wait_for_space(payload.len())?;
                 continue;
             };
-            if let Err(e) = self.apply_logged(&ops, buckets) {
+            if let Err(e) = self.apply(&ops, &enc, &mut res, &mut held) {
                 *self.failed.lock() = Some(e.to_string());
                 return Err(e);
             }
-            drop(_guards);
-            drop(_epoch);
+            drop((res, epoch, held));
             self.log.commit(lsn)?;
             return Ok(result);
         }
     }
-}
 
-impl Inner {
-    /// Applies logged `ops` to their loaded buckets and stores them.
-    fn apply_logged(&self, ops: &[Op], mut buckets: Vec<Bucket>) -> Result<(), EngineError> {
-        for op in ops {
-            let key = match op {
-                Op::Put(e) => &e.key,
-                Op::Del(k) => k,
+    /// Appends logged `ops` (encoded as `enc`) to the value log and points
+    /// the index at them, in the held stripes.
+    pub(crate) fn apply(
+        &self,
+        ops: &[Op],
+        enc: &Encoded,
+        res: &mut Reservation<'_>,
+        held: &mut Held<'_>,
+    ) -> Result<(), EngineError> {
+        let (addrs, snapshot) = self.vlog.append(res, &enc.bytes, &enc.sizes)?;
+        for ((op, &addr), &size) in ops.iter().zip(&addrs).zip(&enc.sizes) {
+            let (key, loc) = match op {
+                Op::Put(e) => {
+                    let loc = Loc {
+                        addr,
+                        size: size as u32,
+                        kind: e.value.kind(),
+                        expire_at_ms: e.expire_at_ms,
+                    };
+                    (&e.key, Some(loc))
+                }
+                Op::Del(k) => (k, None),
                 Op::FlushAll => unreachable!("FLUSHALL has its own path"),
             };
-            let b = self.bucket_of(key);
-            let bucket = buckets.iter_mut().find(|x| x.index == b).expect("loaded");
-            self.apply(bucket, op)?;
-        }
-        for bucket in buckets {
-            self.store_bucket(bucket)?;
+            let old = held.of(key).set(key, loc, snapshot);
+            let delta = loc.map_or(0, |l| i64::from(l.size)) - old.map_or(0, |l| i64::from(l.size));
+            self.vlog.add_live(delta);
+            self.index
+                .count(i64::from(loc.is_some()) - i64::from(old.is_some()));
         }
         Ok(())
     }
+
+    /// Asks the checkpointer to clean (a writer waits for space).
+    pub(crate) fn want_cleaning(&self) {
+        self.ckpt.lock().requested = true;
+        self.ckpt_cv.notify_all();
+    }
 }
 
-fn string(e: &Option<Entry>) -> Result<Option<&Vec<u8>>, EngineError> {
+/// How much the live data grows if `ops` apply (each put adds its record,
+/// each key changed gives back its old one).
+fn live_growth(ops: &[Op], enc: &Encoded, held: &mut Held<'_>) -> i64 {
+    let mut growth = 0i64;
+    for (op, &size) in ops.iter().zip(&enc.sizes) {
+        let key = match op {
+            Op::Put(e) => {
+                growth += size as i64;
+                &e.key
+            }
+            Op::Del(k) => k,
+            Op::FlushAll => continue,
+        };
+        if let Some(old) = held.of(key).get(key) {
+            growth -= i64::from(old.size);
+        }
+    }
+    growth
+}
+
+fn string(e: &Option<Found>) -> Result<Option<&Vec<u8>>, EngineError> {
     match e {
         None => Ok(None),
-        Some(Entry {
-            value: Value::Str(s),
+        Some(f) if f.loc.kind != KIND_STR => Err(EngineError::WrongType),
+        Some(Found {
+            value: Some(Value::Str(s)),
             ..
         }) => Ok(Some(s)),
-        Some(_) => Err(EngineError::WrongType),
+        Some(_) => unreachable!("a string's value is loaded before it is used"),
     }
 }
 
-fn hash(e: &Option<Entry>) -> Result<BTreeMap<Vec<u8>, Vec<u8>>, EngineError> {
+fn hash(e: &Option<Found>) -> Result<BTreeMap<Vec<u8>, Vec<u8>>, EngineError> {
     match e {
         None => Ok(BTreeMap::new()),
-        Some(Entry {
-            value: Value::Hash(h),
+        Some(f) if f.loc.kind != KIND_HASH => Err(EngineError::WrongType),
+        Some(Found {
+            value: Some(Value::Hash(h)),
             ..
         }) => Ok(h.clone()),
-        Some(_) => Err(EngineError::WrongType),
+        Some(_) => unreachable!("a hash's value is loaded before it is used"),
     }
+}
+
+fn expire_of(e: &Option<Found>) -> u64 {
+    e.as_ref().map_or(0, |f| f.loc.expire_at_ms)
 }
 
 fn put(key: &[u8], value: Value, expire_at_ms: u64) -> Op {
@@ -186,12 +360,13 @@ fn put(key: &[u8], value: Value, expire_at_ms: u64) -> Op {
 impl Engine {
     /// GET.
     pub fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, EngineError> {
-        Ok(string(&self.inner.read(key)?)?.cloned())
+        let found = self.inner.read(key)?;
+        Ok(string(&found)?.cloned())
     }
 
     /// SET, with NX/XX/expiry. Returns whether it was set.
     pub fn set(&self, key: &[u8], value: &[u8], opts: SetOptions) -> Result<bool, EngineError> {
-        self.inner.mutate(&[key], |cur| {
+        self.inner.mutate(&[key], false, |cur| {
             let exists = cur[0].is_some();
             if (opts.nx && exists) || (opts.xx && !exists) {
                 return Ok((vec![], false));
@@ -207,7 +382,7 @@ impl Engine {
 
     /// DEL: returns how many keys existed.
     pub fn del(&self, keys: &[&[u8]]) -> Result<u64, EngineError> {
-        self.inner.mutate(keys, |cur| {
+        self.inner.mutate(keys, false, |cur| {
             let mut ops = Vec::new();
             for (k, e) in keys.iter().zip(cur) {
                 let dup = ops.iter().any(|o| matches!(o, Op::Del(d) if d == k));
@@ -222,9 +397,12 @@ impl Engine {
 
     /// EXISTS: counts keys that exist (a key named twice counts twice).
     pub fn exists(&self, keys: &[&[u8]]) -> Result<u64, EngineError> {
+        let now = now_ms();
         let mut n = 0;
         for k in keys {
-            n += u64::from(self.inner.read(k)?.is_some());
+            self.inner.check_key(k)?;
+            let stripe = self.inner.index.lock(Index::stripe_of(k));
+            n += u64::from(stripe.get(k).is_some_and(|l| !l.expired(now)));
         }
         Ok(n)
     }
@@ -232,14 +410,17 @@ impl Engine {
     /// MGET: a string per key, None for absent keys and other kinds.
     pub fn mget(&self, keys: &[&[u8]]) -> Result<Vec<Option<Vec<u8>>>, EngineError> {
         keys.iter()
-            .map(|k| Ok(string(&self.inner.read(k)?).ok().flatten().cloned()))
+            .map(|k| {
+                let found = self.inner.read(k)?;
+                Ok(string(&found).ok().flatten().cloned())
+            })
             .collect()
     }
 
     /// MSET: sets every pair, atomically (one log record).
     pub fn mset(&self, pairs: &[(&[u8], &[u8])]) -> Result<(), EngineError> {
         let keys: Vec<&[u8]> = pairs.iter().map(|p| p.0).collect();
-        self.inner.mutate(&keys, |_| {
+        self.inner.mutate(&keys, false, |_| {
             let ops = pairs
                 .iter()
                 .map(|(k, v)| put(k, Value::Str(v.to_vec()), 0))
@@ -250,7 +431,7 @@ impl Engine {
 
     /// INCRBY: returns the new value.
     pub fn incr_by(&self, key: &[u8], delta: i64) -> Result<i64, EngineError> {
-        self.inner.mutate(&[key], |cur| {
+        self.inner.mutate(&[key], true, |cur| {
             let now = match string(&cur[0])? {
                 None => 0,
                 Some(s) => std::str::from_utf8(s)
@@ -259,9 +440,12 @@ impl Engine {
                     .ok_or(EngineError::NotInteger)?,
             };
             let next = now.checked_add(delta).ok_or(EngineError::Overflow)?;
-            let expire = cur[0].as_ref().map_or(0, |e| e.expire_at_ms);
             Ok((
-                vec![put(key, Value::Str(next.to_string().into_bytes()), expire)],
+                vec![put(
+                    key,
+                    Value::Str(next.to_string().into_bytes()),
+                    expire_of(&cur[0]),
+                )],
                 next,
             ))
         })
@@ -269,14 +453,13 @@ impl Engine {
 
     /// HSET: returns how many fields were new.
     pub fn hset(&self, key: &[u8], fields: &[(&[u8], &[u8])]) -> Result<u64, EngineError> {
-        self.inner.mutate(&[key], |cur| {
+        self.inner.mutate(&[key], true, |cur| {
             let mut h = hash(&cur[0])?;
             let mut added = 0;
             for (f, v) in fields {
                 added += u64::from(h.insert(f.to_vec(), v.to_vec()).is_none());
             }
-            let expire = cur[0].as_ref().map_or(0, |e| e.expire_at_ms);
-            Ok((vec![put(key, Value::Hash(h), expire)], added))
+            Ok((vec![put(key, Value::Hash(h), expire_of(&cur[0]))], added))
         })
     }
 
@@ -292,25 +475,24 @@ impl Engine {
 
     /// HDEL: returns how many fields existed. An emptied hash is deleted.
     pub fn hdel(&self, key: &[u8], fields: &[&[u8]]) -> Result<u64, EngineError> {
-        self.inner.mutate(&[key], |cur| {
+        self.inner.mutate(&[key], true, |cur| {
             let mut h = hash(&cur[0])?;
             let removed = fields.iter().filter(|f| h.remove(**f).is_some()).count() as u64;
             if removed == 0 {
                 return Ok((vec![], 0));
             }
-            let expire = cur[0].as_ref().map_or(0, |e| e.expire_at_ms);
             let op = if h.is_empty() {
                 Op::Del(key.to_vec())
             } else {
-                put(key, Value::Hash(h), expire)
+                put(key, Value::Hash(h), expire_of(&cur[0]))
             };
             Ok((vec![op], removed))
         })
     }
 
-    /// DBSIZE (keys that expired but were not rewritten yet still count).
+    /// DBSIZE (keys that expired but were not dropped yet still count).
     pub fn dbsize(&self) -> u64 {
-        self.inner.keys.load(Ordering::Relaxed)
+        self.inner.index.keys()
     }
 
     /// FLUSHALL: deletes every key.

@@ -5,14 +5,16 @@
 //! truncated until the new superblock is durable).
 //!
 //! ```text
-//!  | "CKVS" | version u32 | seq u64 | checkpoint lsn u64 | meta page u64 | meta len u64 |
-//!  | meta crc u32 | buckets u32 | page bytes u32 | data pages u64 | crc32c of the above |
+//!  | "CKVS" | version u32 | seq u64 | checkpoint lsn u64 | value log tail u64 | head u64 |
+//!  | value log bytes u64 | page bytes u32 | crc32c of the above |
 //! ```
 
 use super::entry::Reader;
 
 const MAGIC: &[u8; 4] = b"CKVS";
-const VERSION: u32 = 1;
+/// Version 1 was the copy-on-write bucket index, which this engine does not
+/// read.
+const VERSION: u32 = 2;
 
 /// A checkpoint's description.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -20,13 +22,23 @@ pub(crate) struct Superblock {
     pub(crate) seq: u64,
     /// Every log record at or below this LSN is reflected in the checkpoint.
     pub(crate) lsn: u64,
-    /// The directory and live bitmap, as one extent of the data region.
-    pub(crate) meta_page: u64,
-    pub(crate) meta_len: u64,
-    pub(crate) meta_crc: u32,
-    pub(crate) buckets: u32,
+    /// The value log's records are between these addresses.
+    pub(crate) tail: u64,
+    pub(crate) head: u64,
+    /// The value log's size (a store opened with another layout is refused).
+    pub(crate) vlog_bytes: u64,
     pub(crate) page_bytes: u32,
-    pub(crate) data_pages: u64,
+}
+
+/// What a superblock slot holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Slot {
+    /// A valid superblock.
+    Valid(Superblock),
+    /// A valid superblock of another format version.
+    OtherVersion(u32),
+    /// Nothing valid (never written, or torn).
+    Empty,
 }
 
 impl Superblock {
@@ -34,41 +46,42 @@ impl Superblock {
         let mut out = Vec::with_capacity(block);
         out.extend_from_slice(MAGIC);
         out.extend_from_slice(&VERSION.to_le_bytes());
-        for v in [self.seq, self.lsn, self.meta_page, self.meta_len] {
+        for v in [self.seq, self.lsn, self.tail, self.head, self.vlog_bytes] {
             out.extend_from_slice(&v.to_le_bytes());
         }
-        out.extend_from_slice(&self.meta_crc.to_le_bytes());
-        out.extend_from_slice(&self.buckets.to_le_bytes());
         out.extend_from_slice(&self.page_bytes.to_le_bytes());
-        out.extend_from_slice(&self.data_pages.to_le_bytes());
         let crc = crc32c::crc32c(&out);
         out.extend_from_slice(&crc.to_le_bytes());
         out.resize(block, 0);
         out
     }
 
-    pub(crate) fn decode(buf: &[u8]) -> Option<Superblock> {
-        let body = 4 + 4 + 8 * 4 + 4 * 3 + 8;
-        if buf.len() < body + 4 || &buf[..4] != MAGIC {
-            return None;
+    pub(crate) fn decode(buf: &[u8]) -> Slot {
+        if buf.len() < 12 || &buf[..4] != MAGIC {
+            return Slot::Empty;
         }
-        let crc = u32::from_le_bytes(buf[body..body + 4].try_into().ok()?);
+        let version = u32::from_le_bytes(buf[4..8].try_into().expect("4 bytes"));
+        let body = 4 + 4 + 8 * 5 + 4;
+        if version != VERSION {
+            return Slot::OtherVersion(version);
+        }
+        if buf.len() < body + 4 {
+            return Slot::Empty;
+        }
+        let crc = u32::from_le_bytes(buf[body..body + 4].try_into().expect("4 bytes"));
         if crc != crc32c::crc32c(&buf[..body]) {
-            return None;
+            return Slot::Empty;
         }
-        let mut r = Reader(&buf[4..body]);
-        if r.u32()? != VERSION {
-            return None;
-        }
-        Some(Superblock {
-            seq: r.u64()?,
-            lsn: r.u64()?,
-            meta_page: r.u64()?,
-            meta_len: r.u64()?,
-            meta_crc: r.u32()?,
-            buckets: r.u32()?,
-            page_bytes: r.u32()?,
-            data_pages: r.u64()?,
+        let mut r = Reader(&buf[8..body]);
+        let mut next = || r.u64().expect("within the body");
+        let (seq, lsn, tail, head, vlog_bytes) = (next(), next(), next(), next(), next());
+        Slot::Valid(Superblock {
+            seq,
+            lsn,
+            tail,
+            head,
+            vlog_bytes,
+            page_bytes: Reader(&buf[body - 4..body]).u32().expect("4 bytes"),
         })
     }
 }
@@ -82,17 +95,18 @@ mod tests {
         let sb = Superblock {
             seq: 3,
             lsn: 99,
-            meta_page: 10,
-            meta_len: 5000,
-            meta_crc: 7,
-            buckets: 1024,
+            tail: 4096,
+            head: 1 << 30,
+            vlog_bytes: 1 << 28,
             page_bytes: 4096,
-            data_pages: 1 << 20,
         };
         let mut buf = sb.encode(4096);
-        assert_eq!(Superblock::decode(&buf), Some(sb));
+        assert_eq!(Superblock::decode(&buf), Slot::Valid(sb));
         buf[20] ^= 0xff;
-        assert_eq!(Superblock::decode(&buf), None);
-        assert_eq!(Superblock::decode(&[0; 4096]), None);
+        assert_eq!(Superblock::decode(&buf), Slot::Empty);
+        assert_eq!(Superblock::decode(&[0; 4096]), Slot::Empty);
+        let mut old = sb.encode(4096);
+        old[4..8].copy_from_slice(&1u32.to_le_bytes());
+        assert_eq!(Superblock::decode(&old), Slot::OtherVersion(1));
     }
 }

@@ -218,11 +218,11 @@ mod tests {
 
     #[test]
     fn sections_merge_over_the_serve_defaults() {
-        let text = "[server]\nmax_clients = 4\n[engine]\nbuckets = 1024\n\
+        let text = "[server]\nmax_clients = 4\n[engine]\ndump_pct = 40\n\
                     [cache]\ncapacity_bytes = 1048576\n[log]\nbatch_bytes_max = 6291456\n";
         let f = FileConfig::from_toml_str(text).unwrap();
         assert_eq!(f.server.max_clients, 4);
-        assert_eq!(f.engine.buckets, 1024);
+        assert_eq!(f.engine.dump_pct, 40);
         assert_eq!(f.critio.cache.capacity_bytes, 1 << 20);
         assert_eq!(f.critio.log.batch_bytes_max, 6 << 20);
         // Not given: the serve default, not LogConfig's.
@@ -237,7 +237,7 @@ mod tests {
             ("[server]\nbind = \"nowhere\"", "server.bind"),
             ("[server]\nmax_frame_bytes = 10", "server.max_frame_bytes"),
             ("[server]\nmax_clientz = 3", "max_clientz"),
-            ("[engine]\nbuckets = 1", "engine.buckets"),
+            ("[engine]\nlive_max_pct = 95", "engine.live_max_pct"),
             ("[cache]\npage_bytes = 1000", "cache.page_bytes"),
             ("[cache]\npage_byts = 4096", "page_byts"),
             ("[nope]\nx = 1", "nope"),

@@ -202,7 +202,9 @@ fn persistence(s: &Shared, out: &mut String) {
         s.jobs.last_status(Job::Rewrite, &b, rewrite),
     );
     kv(out, "aof_rewrites", b.rewrites);
-    kv(out, "aof_last_rewrite_buckets", b.last_rewrite_buckets);
+    kv(out, "aof_last_rewrite_records", b.last_rewrite_records);
+    kv(out, "vlog_cleaned_records", b.cleaned_records);
+    kv(out, "vlog_cleaned_bytes", b.cleaned_bytes);
     kv(
         out,
         "last_background_error",
@@ -314,9 +316,10 @@ fn log(s: &Shared, out: &mut String) {
         format!("{:.2}", engine.log().used_pct()),
     );
     kv(out, "log_poisoned", u8::from(engine.log().is_poisoned()));
-    let (used, all) = engine.pages();
-    kv(out, "data_pages_used", used);
-    kv(out, "data_pages", all);
+    let (live, span, size) = engine.space();
+    kv(out, "vlog_live_bytes", live);
+    kv(out, "vlog_used_bytes", span);
+    kv(out, "vlog_capacity_bytes", size);
 }
 
 fn inheritance(out: &mut String) {

@@ -1,0 +1,409 @@
+//! The value log: the data region as a circular log of records, written
+//! through critio's page cache.
+//!
+//! ```text
+//!  logical addresses only grow; a record at addr lives at addr % region
+//!
+//!   reuse tail          clean tail                         head
+//!      |  dead space,     |  live and dead records           |  free ...  | reuse tail + region
+//!      |  reusable once a |  (the cleaner copies the live    |
+//!      |  checkpoint says |   ones at the tail to the head)  |
+//!      |  so              |                                  |
+//! ```
+//!
+//! - **Append**: under one lock, records are copied into the cache at the
+//!   head (sequential dirty pages, written back in long runs); a page that
+//!   starts at or after the head is never read first.
+//! - **Space**: the head may not pass the reuse tail plus the region: the
+//!   reuse tail is the clean tail of the last durable checkpoint (recovery
+//!   scans from there), held back while a snapshot reads older records.
+//!   Writers stop [`CLEANER_RESERVE_PCT`] short of that, so the cleaner
+//!   always has room to relocate; and writes that would make the live data
+//!   exceed `live_max_pct` of the region fail (the store is full).
+//! - **Order**: every change of the index appends a record under the same
+//!   lock, so the log order of a key's records is the order of its changes,
+//!   and a snapshot knows whether a change came before it started (its
+//!   record is below the snapshot's end) or after.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use critio::cache::{FileId, PageCache};
+use critio::sync::{Condvar, Mutex, SyncOptions};
+
+use super::record::{self, Decoded, Record, PAD_BYTES};
+use super::EngineError;
+
+/// Percent of the region writers leave to the cleaner.
+pub(crate) const CLEANER_RESERVE_PCT: u64 = 5;
+/// How long a writer waiting for space re-checks on its own.
+const SPACE_RECHECK: Duration = Duration::from_millis(100);
+/// Bytes a scan reads at once.
+const SCAN_CHUNK: usize = 1 << 20;
+
+/// Who asks for space: writers stop short of the cleaner's reserve.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Who {
+    Writer,
+    Cleaner,
+}
+
+struct State {
+    head: u64,
+    clean_tail: u64,
+    durable_tail: u64,
+    /// A snapshot's (start, end): it reads records in that range.
+    snapshot: Option<(u64, u64)>,
+    reserved: u64,
+}
+
+impl State {
+    fn reuse_tail(&self) -> u64 {
+        match self.snapshot {
+            Some((from, _)) => self.durable_tail.min(from),
+            None => self.durable_tail,
+        }
+    }
+}
+
+/// Space promised to a writer (or the cleaner) that holds locks and is
+/// about to append; what is not used is given back when it drops.
+pub(crate) struct Reservation<'a> {
+    vlog: &'a Vlog,
+    bytes: u64,
+}
+
+impl Drop for Reservation<'_> {
+    fn drop(&mut self) {
+        if self.bytes > 0 {
+            let mut st = self.vlog.state.lock();
+            st.reserved -= self.bytes;
+            drop(st);
+            self.vlog.space.notify_all();
+        }
+    }
+}
+
+/// The value log of one store.
+pub(crate) struct Vlog {
+    cache: Arc<PageCache>,
+    file: FileId,
+    region: u64,
+    live_max: u64,
+    record_max: usize,
+    state: Mutex<State>,
+    space: Condvar,
+    live: AtomicU64,
+}
+
+/// What a scan's callback wants next.
+pub(crate) enum Flow {
+    /// The record is done with: on to the next.
+    Continue,
+    /// Stop before this record (the scan returns its address).
+    Stop,
+}
+
+impl Vlog {
+    /// The log over cache file `file` of `region` bytes, its records
+    /// between `tail` and `head` (a checkpoint's).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn new(
+        cache: Arc<PageCache>,
+        file: FileId,
+        region: u64,
+        live_max_pct: u64,
+        record_max: usize,
+        (tail, head): (u64, u64),
+        sync: impl Fn(&'static str) -> SyncOptions,
+    ) -> Self {
+        assert!(region % 4096 == 0 && region > 0);
+        assert!(tail <= head && head - tail <= region);
+        Self {
+            cache,
+            file,
+            region,
+            live_max: region / 100 * live_max_pct,
+            record_max,
+            state: Mutex::with_options(
+                State {
+                    head,
+                    clean_tail: tail,
+                    durable_tail: tail,
+                    snapshot: None,
+                    reserved: 0,
+                },
+                sync("kv: value log"),
+            ),
+            space: Condvar::with_options(sync("kv: space")),
+            live: AtomicU64::new(0),
+        }
+    }
+
+    /// The region's size.
+    pub(crate) fn region(&self) -> u64 {
+        self.region
+    }
+
+    /// The cache file the log is in.
+    pub(crate) fn file(&self) -> FileId {
+        self.file
+    }
+
+    /// Makes `task` (the cleaner) inherit while a critical writer waits for
+    /// space.
+    pub(crate) fn register_space_helper(&self, task: critio::context::TaskRef) {
+        self.space.register_helper(task);
+    }
+
+    /// Whether a snapshot holds records in place.
+    pub(crate) fn snapshot_running(&self) -> bool {
+        self.state.lock().snapshot.is_some()
+    }
+
+    fn limit(&self, st: &State, who: Who) -> u64 {
+        let end = st.reuse_tail() + self.region;
+        match who {
+            Who::Cleaner => end,
+            Who::Writer => end - self.region / 100 * CLEANER_RESERVE_PCT,
+        }
+    }
+
+    /// Bytes writers may still append before they wait for the cleaner.
+    pub(crate) fn free(&self) -> u64 {
+        let st = self.state.lock();
+        self.limit(&st, Who::Writer)
+            .saturating_sub(st.head + st.reserved)
+    }
+
+    /// Reserves room for records of `bytes` in all (the largest
+    /// `largest`), or None if there is none now. Fails if the live data
+    /// would grow past its limit by `live_growth`.
+    pub(crate) fn try_reserve(
+        &self,
+        bytes: u64,
+        largest: u64,
+        live_growth: i64,
+        who: Who,
+    ) -> Result<Option<Reservation<'_>>, EngineError> {
+        let live = self.live.load(Ordering::Relaxed);
+        if who == Who::Writer && live_growth > 0 && live + live_growth as u64 > self.live_max {
+            return Err(EngineError::NoSpace);
+        }
+        // A record that would cross the end of the region follows a pad
+        // (less than the record): room for the worst case.
+        let need = bytes + largest;
+        let mut st = self.state.lock();
+        if st.head + st.reserved + need > self.limit(&st, who) {
+            return Ok(None);
+        }
+        st.reserved += need;
+        Ok(Some(Reservation {
+            vlog: self,
+            bytes: need,
+        }))
+    }
+
+    /// Waits until `bytes` (and `largest`) could be reserved by a writer,
+    /// calling `kick` (to wake the cleaner) on each round.
+    pub(crate) fn wait_for_space(&self, bytes: u64, largest: u64, kick: impl Fn()) {
+        self.wait_for(bytes, largest, Who::Writer, kick)
+    }
+
+    /// Waits until `bytes` (and `largest`) could be reserved by `who`.
+    pub(crate) fn wait_for(&self, bytes: u64, largest: u64, who: Who, kick: impl Fn()) {
+        let mut st = self.state.lock();
+        while st.head + st.reserved + bytes + largest > self.limit(&st, who) {
+            kick();
+            st = self.space.wait_timeout(st, SPACE_RECHECK).0;
+        }
+    }
+
+    /// Appends `records` (`sizes` bytes each, in order, contiguous in
+    /// `bytes`) with space from `res`; returns each one's address, and
+    /// whether a snapshot that started before them is running.
+    pub(crate) fn append(
+        &self,
+        res: &mut Reservation<'_>,
+        bytes: &[u8],
+        sizes: &[usize],
+    ) -> Result<(Vec<u64>, bool), EngineError> {
+        assert_eq!(sizes.iter().sum::<usize>(), bytes.len());
+        let mut st = self.state.lock();
+        let start = st.head;
+        let mut addrs = Vec::with_capacity(sizes.len());
+        let (mut span_from, mut at) = (0, 0);
+        for &size in sizes {
+            let phys = st.head % self.region;
+            if phys + size as u64 > self.region {
+                self.write(st.head - (at - span_from) as u64, &bytes[span_from..at])?;
+                self.write(st.head, &record::pad())?;
+                st.head += self.region - phys;
+                span_from = at;
+            }
+            addrs.push(st.head);
+            st.head += size as u64;
+            at += size;
+        }
+        self.write(st.head - (at - span_from) as u64, &bytes[span_from..at])?;
+        let used = st.head - start;
+        assert!(used <= res.bytes, "appended past the reservation");
+        res.bytes -= used;
+        st.reserved -= used;
+        assert!(
+            st.head <= self.limit(&st, Who::Cleaner),
+            "the log overran its tail"
+        );
+        Ok((addrs, st.snapshot.is_some()))
+    }
+
+    fn write(&self, addr: u64, bytes: &[u8]) -> Result<(), EngineError> {
+        if bytes.is_empty() {
+            return Ok(());
+        }
+        debug_assert!(addr % self.region + bytes.len() as u64 <= self.region);
+        Ok(self
+            .cache
+            .write_appending(self.file, addr % self.region, bytes)?)
+    }
+
+    /// Reads the record at `addr` of `size` bytes through the cache.
+    pub(crate) fn read(&self, addr: u64, size: u32) -> Result<Vec<u8>, EngineError> {
+        let mut buf = vec![0u8; size as usize];
+        self.cache.read(self.file, addr % self.region, &mut buf)?;
+        Ok(buf)
+    }
+
+    /// Decodes a record read with [`Vlog::read`].
+    pub(crate) fn decode<'a>(&self, addr: u64, buf: &'a [u8]) -> Result<Record<'a>, EngineError> {
+        match record::decode(buf, self.record_max) {
+            Decoded::Record(r, _) => Ok(r),
+            other => Err(EngineError::Corrupt(format!(
+                "value log record at {addr}: {other:?}"
+            ))),
+        }
+    }
+
+    /// Calls `f` on every record in `[from, to)` (both record boundaries),
+    /// read past the cache (pages the cache holds are copied from it).
+    /// Returns where it stopped: `to`, or the address of the record `f`
+    /// stopped at.
+    pub(crate) fn scan(
+        &self,
+        from: u64,
+        to: u64,
+        mut f: impl FnMut(u64, Record<'_>, u32) -> Result<Flow, EngineError>,
+    ) -> Result<u64, EngineError> {
+        let mut buf: Vec<u8> = Vec::new();
+        let mut buf_at = from;
+        let mut pos = from;
+        while pos < to {
+            let lap_end = (pos / self.region + 1) * self.region;
+            let end = to.min(lap_end);
+            let off = (pos - buf_at) as usize;
+            let decoded = if off + PAD_BYTES <= buf.len() {
+                record::decode(&buf[off..], self.record_max)
+            } else {
+                Decoded::Short(PAD_BYTES)
+            };
+            match decoded {
+                Decoded::Pad => pos = lap_end,
+                Decoded::Short(n) => {
+                    let want = n.max(SCAN_CHUNK).min((end - pos) as usize);
+                    if want < n {
+                        return Err(self.corrupt(pos, "a record runs past the log's end"));
+                    }
+                    buf.resize(want, 0);
+                    self.cache
+                        .read_through(self.file, pos % self.region, &mut buf)?;
+                    buf_at = pos;
+                }
+                Decoded::Bad(why) => return Err(self.corrupt(pos, why)),
+                Decoded::Record(r, size) => {
+                    if pos + size as u64 > end {
+                        return Err(self.corrupt(pos, "a record runs past the log's end"));
+                    }
+                    if let Flow::Stop = f(pos, r, size as u32)? {
+                        return Ok(pos);
+                    }
+                    pos += size as u64;
+                }
+            }
+        }
+        Ok(to)
+    }
+
+    fn corrupt(&self, addr: u64, why: &str) -> EngineError {
+        EngineError::Corrupt(format!("value log at {addr}: {why}"))
+    }
+
+    /// Live bytes (records the index points to).
+    pub(crate) fn live(&self) -> u64 {
+        self.live.load(Ordering::Relaxed)
+    }
+
+    /// Changes the live byte count.
+    pub(crate) fn add_live(&self, delta: i64) {
+        if delta >= 0 {
+            self.live.fetch_add(delta as u64, Ordering::Relaxed);
+        } else {
+            self.live.fetch_sub(delta.unsigned_abs(), Ordering::Relaxed);
+        }
+    }
+
+    /// (clean tail, head) now: a checkpoint's boundary.
+    pub(crate) fn boundary(&self) -> (u64, u64) {
+        let st = self.state.lock();
+        (st.clean_tail, st.head)
+    }
+
+    /// The head now.
+    pub(crate) fn head(&self) -> u64 {
+        self.state.lock().head
+    }
+
+    /// The cleaner copied every live record below `to` to the head.
+    pub(crate) fn cleaned_to(&self, to: u64) {
+        let mut st = self.state.lock();
+        assert!(to >= st.clean_tail && to <= st.head);
+        st.clean_tail = to;
+    }
+
+    /// A checkpoint whose boundary had clean tail `tail` is durable: the
+    /// space below it may be reused.
+    pub(crate) fn checkpoint_durable(&self, tail: u64) {
+        let mut st = self.state.lock();
+        st.durable_tail = st.durable_tail.max(tail);
+        drop(st);
+        self.space.notify_all();
+    }
+
+    /// Space that a checkpoint now would let writers reuse.
+    pub(crate) fn reclaimable(&self) -> u64 {
+        let st = self.state.lock();
+        st.clean_tail - st.durable_tail
+    }
+
+    /// A snapshot starts: records in the returned range stay where they
+    /// are until [`Vlog::end_snapshot`].
+    pub(crate) fn begin_snapshot(&self) -> (u64, u64) {
+        let mut st = self.state.lock();
+        assert!(st.snapshot.is_none(), "one snapshot at a time");
+        let range = (st.clean_tail, st.head);
+        st.snapshot = Some(range);
+        range
+    }
+
+    /// The snapshot ended.
+    pub(crate) fn end_snapshot(&self) {
+        self.state.lock().snapshot = None;
+        self.space.notify_all();
+    }
+
+    /// (head - clean tail, region): how much of the region the log spans.
+    pub(crate) fn span(&self) -> u64 {
+        let st = self.state.lock();
+        st.head - st.clean_tail
+    }
+}
