@@ -49,13 +49,13 @@ pub(crate) enum Who {
     Cleaner,
 }
 
+/// What changes rarely (checkpoints, cleaning, snapshots), under the
+/// value log's lock; the head and the reservations are atomics.
 struct State {
-    head: u64,
     clean_tail: u64,
     durable_tail: u64,
     /// A snapshot's (start, end): it reads records in that range.
     snapshot: Option<(u64, u64)>,
-    reserved: u64,
 }
 
 impl State {
@@ -77,10 +77,7 @@ pub(crate) struct Reservation<'a> {
 impl Drop for Reservation<'_> {
     fn drop(&mut self) {
         if self.bytes > 0 {
-            let mut st = self.vlog.state.lock();
-            st.reserved -= self.bytes;
-            drop(st);
-            self.vlog.space.notify_all();
+            self.vlog.reserved.fetch_sub(self.bytes, Ordering::SeqCst);
         }
     }
 }
@@ -95,6 +92,14 @@ pub(crate) struct Vlog {
     state: Mutex<State>,
     space: Condvar,
     live: AtomicU64,
+    /// Where the next record goes; advanced only under `state`'s lock,
+    /// by appends.
+    head: AtomicU64,
+    /// Space promised to reservations not yet appended.
+    reserved: AtomicU64,
+    /// The reuse tail plus the region: the head may not pass it. It only
+    /// grows (checkpoints), so a reservation made against it stays good.
+    end: AtomicU64,
 }
 
 /// What a scan's callback wants next.
@@ -128,16 +133,17 @@ impl Vlog {
             record_max,
             state: Mutex::with_options(
                 State {
-                    head,
                     clean_tail: tail,
                     durable_tail: tail,
                     snapshot: None,
-                    reserved: 0,
                 },
                 sync("kv: value log"),
             ),
             space: Condvar::with_options(sync("kv: space")),
             live: AtomicU64::new(0),
+            head: AtomicU64::new(head),
+            reserved: AtomicU64::new(0),
+            end: AtomicU64::new(tail + region),
         }
     }
 
@@ -162,19 +168,32 @@ impl Vlog {
         self.state.lock().snapshot.is_some()
     }
 
-    fn limit(&self, st: &State, who: Who) -> u64 {
-        let end = st.reuse_tail() + self.region;
+    fn limit(&self, who: Who) -> u64 {
+        let end = self.end.load(Ordering::SeqCst);
         match who {
             Who::Cleaner => end,
             Who::Writer => end - self.region / 100 * CLEANER_RESERVE_PCT,
         }
     }
 
+    /// The head plus what is reserved: at least the true sum (the
+    /// reservations are read first, and an append moves bytes from them to
+    /// the head).
+    fn used_end(&self) -> u64 {
+        let r = self.reserved.load(Ordering::SeqCst);
+        self.head.load(Ordering::SeqCst) + r
+    }
+
+    /// Recomputes the end after the reuse tail moved (under the lock).
+    fn set_end(&self, st: &State) {
+        let end = st.reuse_tail() + self.region;
+        let old = self.end.swap(end, Ordering::SeqCst);
+        debug_assert!(end >= old, "the log's end moved back");
+    }
+
     /// Bytes writers may still append before they wait for the cleaner.
     pub(crate) fn free(&self) -> u64 {
-        let st = self.state.lock();
-        self.limit(&st, Who::Writer)
-            .saturating_sub(st.head + st.reserved)
+        self.limit(Who::Writer).saturating_sub(self.used_end())
     }
 
     /// Reserves room for records of `bytes` in all (the largest
@@ -194,15 +213,23 @@ impl Vlog {
         // A record that would cross the end of the region follows a pad
         // (less than the record): room for the worst case.
         let need = bytes + largest;
-        let mut st = self.state.lock();
-        if st.head + st.reserved + need > self.limit(&st, who) {
-            return Ok(None);
+        loop {
+            let r = self.reserved.load(Ordering::SeqCst);
+            let head = self.head.load(Ordering::SeqCst);
+            if head + r + need > self.limit(who) {
+                return Ok(None);
+            }
+            if self
+                .reserved
+                .compare_exchange(r, r + need, Ordering::SeqCst, Ordering::SeqCst)
+                .is_ok()
+            {
+                return Ok(Some(Reservation {
+                    vlog: self,
+                    bytes: need,
+                }));
+            }
         }
-        st.reserved += need;
-        Ok(Some(Reservation {
-            vlog: self,
-            bytes: need,
-        }))
     }
 
     /// Waits until `bytes` (and `largest`) could be reserved by a writer,
@@ -214,7 +241,7 @@ impl Vlog {
     /// Waits until `bytes` (and `largest`) could be reserved by `who`.
     pub(crate) fn wait_for(&self, bytes: u64, largest: u64, who: Who, kick: impl Fn()) {
         let mut st = self.state.lock();
-        while st.head + st.reserved + bytes + largest > self.limit(&st, who) {
+        while self.used_end() + bytes + largest > self.limit(who) {
             kick();
             st = self.space.wait_timeout(st, SPACE_RECHECK).0;
         }
@@ -230,31 +257,32 @@ impl Vlog {
         sizes: &[usize],
     ) -> Result<(Vec<u64>, bool), EngineError> {
         assert_eq!(sizes.iter().sum::<usize>(), bytes.len());
-        let mut st = self.state.lock();
-        let start = st.head;
+        let st = self.state.lock();
+        let start = self.head.load(Ordering::SeqCst);
+        let mut head = start;
         let mut addrs = Vec::with_capacity(sizes.len());
         let (mut span_from, mut at) = (0, 0);
         for &size in sizes {
-            let phys = st.head % self.region;
+            let phys = head % self.region;
             if phys + size as u64 > self.region {
-                self.write(st.head - (at - span_from) as u64, &bytes[span_from..at])?;
-                self.write(st.head, &record::pad())?;
-                st.head += self.region - phys;
+                self.write(head - (at - span_from) as u64, &bytes[span_from..at])?;
+                self.write(head, &record::pad())?;
+                head += self.region - phys;
                 span_from = at;
             }
-            addrs.push(st.head);
-            st.head += size as u64;
+            addrs.push(head);
+            head += size as u64;
             at += size;
         }
-        self.write(st.head - (at - span_from) as u64, &bytes[span_from..at])?;
-        let used = st.head - start;
+        self.write(head - (at - span_from) as u64, &bytes[span_from..at])?;
+        let used = head - start;
         assert!(used <= res.bytes, "appended past the reservation");
+        assert!(head <= self.limit(Who::Cleaner), "the log overran its tail");
+        // Head first, then the reservation: a reader of both never sees
+        // less than the true sum.
+        self.head.store(head, Ordering::SeqCst);
+        self.reserved.fetch_sub(used, Ordering::SeqCst);
         res.bytes -= used;
-        st.reserved -= used;
-        assert!(
-            st.head <= self.limit(&st, Who::Cleaner),
-            "the log overran its tail"
-        );
         Ok((addrs, st.snapshot.is_some()))
     }
 
@@ -355,18 +383,18 @@ impl Vlog {
     /// (clean tail, head) now: a checkpoint's boundary.
     pub(crate) fn boundary(&self) -> (u64, u64) {
         let st = self.state.lock();
-        (st.clean_tail, st.head)
+        (st.clean_tail, self.head.load(Ordering::SeqCst))
     }
 
     /// The head now.
     pub(crate) fn head(&self) -> u64 {
-        self.state.lock().head
+        self.head.load(Ordering::SeqCst)
     }
 
     /// The cleaner copied every live record below `to` to the head.
     pub(crate) fn cleaned_to(&self, to: u64) {
         let mut st = self.state.lock();
-        assert!(to >= st.clean_tail && to <= st.head);
+        assert!(to >= st.clean_tail && to <= self.head.load(Ordering::SeqCst));
         st.clean_tail = to;
     }
 
@@ -375,6 +403,7 @@ impl Vlog {
     pub(crate) fn checkpoint_durable(&self, tail: u64) {
         let mut st = self.state.lock();
         st.durable_tail = st.durable_tail.max(tail);
+        self.set_end(&st);
         drop(st);
         self.space.notify_all();
     }
@@ -390,20 +419,24 @@ impl Vlog {
     pub(crate) fn begin_snapshot(&self) -> (u64, u64) {
         let mut st = self.state.lock();
         assert!(st.snapshot.is_none(), "one snapshot at a time");
-        let range = (st.clean_tail, st.head);
+        let range = (st.clean_tail, self.head.load(Ordering::SeqCst));
         st.snapshot = Some(range);
+        self.set_end(&st);
         range
     }
 
     /// The snapshot ended.
     pub(crate) fn end_snapshot(&self) {
-        self.state.lock().snapshot = None;
+        let mut st = self.state.lock();
+        st.snapshot = None;
+        self.set_end(&st);
+        drop(st);
         self.space.notify_all();
     }
 
-    /// (head - clean tail, region): how much of the region the log spans.
+    /// How much of the region the log spans (head - clean tail).
     pub(crate) fn span(&self) -> u64 {
         let st = self.state.lock();
-        st.head - st.clean_tail
+        self.head.load(Ordering::SeqCst) - st.clean_tail
     }
 }
