@@ -90,6 +90,7 @@ impl State {
         }
     }
 
+    #[cfg(any(test, debug_assertions))]
     fn unflushed(&self) -> bool {
         matches!(self, State::Dirty | State::Writeback { .. })
     }

@@ -71,6 +71,7 @@ impl Lists {
     }
 
     /// The list frame `i` is on.
+    #[cfg(any(test, debug_assertions))]
     pub(crate) fn on(&self, i: usize) -> Option<ListId> {
         self.links[i].on
     }
