@@ -13,6 +13,7 @@ use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
 use clap::{Args, ValueEnum};
+use critio::block::{AutoCapConfig, NoncriticalCap};
 use critio::device::sim::Profile;
 use critio::device::DeviceSpec;
 use critio_kv::server::{Backend, FileConfig, Server};
@@ -43,10 +44,11 @@ pub struct ServeArgs {
     /// The device in the data directory.
     #[arg(long, value_enum, default_value = "sim")]
     device: DeviceKind,
-    /// The device size of a new store (1GiB, 512MiB, bytes); an existing
-    /// image keeps its size.
-    #[arg(long, value_name = "SIZE", default_value = "1GiB")]
-    capacity: String,
+    /// The device size of a new store (8GiB, 512MiB, bytes); an existing
+    /// image keeps its size. Default: 1GiB simulated, 8GiB for a file (a
+    /// sparse file: it takes disk space as it is written).
+    #[arg(long, value_name = "SIZE")]
+    capacity: Option<String>,
     /// The scheme: none, kernel-idle, static, sync-first, rcp.
     #[arg(long, default_value = "rcp")]
     scheme: Scheme,
@@ -83,13 +85,80 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
         .ok_or_else(|| format!("`{text}` is too large"))
 }
 
-fn load_config(path: Option<&Path>) -> Result<FileConfig, String> {
+fn load_config(path: Option<&Path>, base: &FileConfig) -> Result<FileConfig, String> {
     let Some(path) = path else {
-        return Ok(FileConfig::default());
+        return Ok(base.clone());
     };
     let text = std::fs::read_to_string(path)
         .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-    FileConfig::from_toml_str(&text).map_err(|e| format!("{}: {e}", path.display()))
+    FileConfig::from_toml_str_over(&text, base).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+/// The machine's memory, from /proc/meminfo.
+fn mem_total_bytes() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let kib: u64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))?
+        .trim()
+        .strip_suffix("kB")?
+        .trim()
+        .parse()
+        .ok()?;
+    Some(kib * 1024)
+}
+
+/// The page cache on a real device: an eighth of the machine's memory
+/// (the index of keys lives in memory too), at least 256 MiB, at most
+/// 4 GiB.
+fn real_cache_bytes(mem: Option<u64>) -> u64 {
+    let bytes = mem.map_or(1 << 30, |m| (m / 8).clamp(256 << 20, 4 << 30));
+    bytes / (1 << 20) * (1 << 20)
+}
+
+/// The defaults a store gets on `kind`: the simulated SSD keeps the paper's
+/// (a small cache, the fixed cap of 1); a real device gets a cache sized to
+/// the machine, a checkpoint every second (each writes only the value
+/// log's pages since the last one) and the adaptive cap (a real device's
+/// queue and write cache need more than one background request in flight
+/// to keep background work going).
+fn defaults_for(kind: DeviceKind) -> FileConfig {
+    let mut f = FileConfig::default();
+    if kind != DeviceKind::Sim {
+        f.critio.cache.capacity_bytes = real_cache_bytes(mem_total_bytes());
+        f.engine.checkpoint_interval_ms = 1000;
+        f.critio.block.noncritical_cap = NoncriticalCap::Auto(AutoCapConfig::default());
+    }
+    f
+}
+
+/// One line saying the settings a user most often needs to know, and where
+/// each came from.
+fn describe_settings(f: &FileConfig, base: &FileConfig, kind: DeviceKind) -> String {
+    let from = |same: bool| {
+        if !same {
+            "from --config"
+        } else if kind == DeviceKind::Sim {
+            "default"
+        } else {
+            "real-device default"
+        }
+    };
+    let cache = f.critio.cache.capacity_bytes;
+    let cap = match f.critio.block.noncritical_cap {
+        NoncriticalCap::Fixed(0) => "unlimited".to_owned(),
+        NoncriticalCap::Fixed(n) => n.to_string(),
+        NoncriticalCap::Auto(a) => format!("adaptive (up to {})", a.max),
+    };
+    format!(
+        "critio-kv: page cache {} MiB ({}), checkpoint every {} ms ({}), background I/O at the device {} ({})",
+        cache >> 20,
+        from(cache == base.critio.cache.capacity_bytes),
+        f.engine.checkpoint_interval_ms,
+        from(f.engine.checkpoint_interval_ms == base.engine.checkpoint_interval_ms),
+        cap,
+        from(f.critio.block.noncritical_cap == base.critio.block.noncritical_cap),
+    )
 }
 
 /// The device spec and capacity for `dir`.
@@ -124,7 +193,12 @@ fn open_store(args: &ServeArgs, file: FileConfig) -> Result<(Stack, StackConfig,
         )
     })?;
     let dir = args.data.canonicalize().unwrap_or(args.data.clone());
-    let (device, capacity, reopen) = device_in(&dir, args.device, parse_size(&args.capacity)?);
+    let size = match (&args.capacity, args.device) {
+        (Some(text), _) => parse_size(text)?,
+        (None, DeviceKind::Sim) => 1 << 30,
+        (None, _) => 8 << 30,
+    };
+    let (device, capacity, reopen) = device_in(&dir, args.device, size);
     let cfg = StackConfig {
         device,
         capacity,
@@ -149,7 +223,9 @@ fn open_store(args: &ServeArgs, file: FileConfig) -> Result<(Stack, StackConfig,
 pub fn run(args: ServeArgs) -> Result<(), String> {
     let mut signals = Signals::new([SIGINT, SIGTERM])
         .map_err(|e| format!("cannot handle SIGINT/SIGTERM: {e}"))?;
-    let mut file = load_config(args.config.as_deref())?;
+    let base = defaults_for(args.device);
+    let mut file = load_config(args.config.as_deref(), &base)?;
+    println!("{}", describe_settings(&file, &base, args.device));
     if let Some(bind) = &args.bind {
         file.server.bind = bind.clone();
     }
@@ -193,7 +269,40 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
 
 #[cfg(test)]
 mod tests {
-    use super::parse_size;
+    use super::*;
+
+    #[test]
+    fn a_real_device_gets_machine_sized_defaults_and_a_file_overrides_them() {
+        assert_eq!(real_cache_bytes(Some(24 << 30)), 3 << 30);
+        assert_eq!(real_cache_bytes(Some(64 << 30)), 4 << 30, "at most 4 GiB");
+        assert_eq!(
+            real_cache_bytes(Some(1 << 30)),
+            256 << 20,
+            "at least 256 MiB"
+        );
+        assert_eq!(real_cache_bytes(None), 1 << 30);
+        let sim = defaults_for(DeviceKind::Sim);
+        assert_eq!(
+            sim,
+            FileConfig::default(),
+            "the simulation keeps the paper's"
+        );
+        let file = defaults_for(DeviceKind::File);
+        assert_eq!(file.engine.checkpoint_interval_ms, 1000);
+        assert!(matches!(
+            file.critio.block.noncritical_cap,
+            NoncriticalCap::Auto(_)
+        ));
+        let line = describe_settings(&file, &file, DeviceKind::File);
+        assert!(line.contains("real-device default"), "{line}");
+        let mine = FileConfig::from_toml_str_over("[engine]\ncheckpoint_interval_ms = 250", &file)
+            .unwrap();
+        let line = describe_settings(&mine, &file, DeviceKind::File);
+        assert!(
+            line.contains("checkpoint every 250 ms (from --config)"),
+            "{line}"
+        );
+    }
 
     #[test]
     fn sizes_parse() {

@@ -141,22 +141,48 @@ impl Default for FileConfig {
 const CRITIO_SECTIONS: [&str; 5] = ["context", "sync", "block", "log", "cache"];
 
 impl FileConfig {
-    /// Parses and validates a config file's text.
+    /// Parses and validates a config file's text, laid over the defaults.
     pub fn from_toml_str(text: &str) -> Result<FileConfig, ServerError> {
+        Self::from_toml_str_over(text, &FileConfig::default())
+    }
+
+    /// Parses and validates a config file's text, field by field over
+    /// `base` (what a field left out keeps).
+    pub fn from_toml_str_over(text: &str, base: &FileConfig) -> Result<FileConfig, ServerError> {
         let parse = |e: toml::de::Error| ServerError::Parse(format!("config file: {e}"));
-        let mut file: toml::Table = toml::from_str(text).map_err(parse)?;
-        let section = |file: &mut toml::Table, name: &str| -> Result<toml::Value, ServerError> {
-            match file.remove(name) {
-                None => Ok(toml::Value::Table(toml::Table::new())),
-                Some(v @ toml::Value::Table(_)) => Ok(v),
-                Some(_) => Err(ServerError::Parse(format!(
+        let file: toml::Table = toml::from_str(text).map_err(parse)?;
+        let mut server = table_of(&base.server)?;
+        let mut engine = table_of(&base.engine)?;
+        let mut critio = table_of(&base.critio)?;
+        for (name, value) in file {
+            let toml::Value::Table(fields) = value else {
+                return Err(ServerError::Parse(format!(
                     "config file: `{name}` must be a [{name}] section"
-                ))),
-            }
-        };
-        let server: ServerConfig = section(&mut file, "server")?.try_into().map_err(parse)?;
-        let engine: EngineConfig = section(&mut file, "engine")?.try_into().map_err(parse)?;
-        let critio = merge_critio(file)?;
+                )));
+            };
+            let target = match name.as_str() {
+                "server" => &mut server,
+                "engine" => &mut engine,
+                n if CRITIO_SECTIONS.contains(&n) => match critio
+                    .entry(name.clone())
+                    .or_insert_with(|| toml::Value::Table(toml::Table::new()))
+                {
+                    toml::Value::Table(t) => t,
+                    _ => unreachable!("a config section serializes to a table"),
+                },
+                _ => {
+                    return Err(ServerError::Parse(format!(
+                        "config file: unknown section or key `{name}`: the sections are server, engine, {}",
+                        CRITIO_SECTIONS.join(", ")
+                    )))
+                }
+            };
+            target.extend(fields);
+        }
+        let server: ServerConfig = toml::Value::Table(server).try_into().map_err(parse)?;
+        let engine: EngineConfig = toml::Value::Table(engine).try_into().map_err(parse)?;
+        let critio: critio::config::Config =
+            toml::Value::Table(critio).try_into().map_err(parse)?;
         server.validate()?;
         engine.validate().map_err(|e| match e {
             EngineError::Config(m) => ServerError::Parse(format!("config: {m}")),
@@ -173,36 +199,13 @@ impl FileConfig {
     }
 }
 
-/// The critio sections of `file` laid field by field over
-/// [`default_critio_config`]; what is left in `file` must be one of them.
-fn merge_critio(file: toml::Table) -> Result<critio::config::Config, ServerError> {
-    let defaults = toml::Value::try_from(default_critio_config())
-        .map_err(|e| ServerError::Parse(format!("default config: {e}")))?;
-    let toml::Value::Table(mut merged) = defaults else {
-        unreachable!("a struct serializes to a table")
-    };
-    for (name, value) in file {
-        if !CRITIO_SECTIONS.contains(&name.as_str()) {
-            return Err(ServerError::Parse(format!(
-                "config file: unknown section or key `{name}`: the sections are server, engine, {}",
-                CRITIO_SECTIONS.join(", ")
-            )));
-        }
-        let toml::Value::Table(fields) = value else {
-            return Err(ServerError::Parse(format!(
-                "config file: `{name}` must be a [{name}] section"
-            )));
-        };
-        let target = merged
-            .entry(name)
-            .or_insert_with(|| toml::Value::Table(toml::Table::new()));
-        if let toml::Value::Table(t) = target {
-            t.extend(fields);
-        }
+/// A config section (or the critio sections) as a TOML table.
+fn table_of(value: &impl Serialize) -> Result<toml::Table, ServerError> {
+    match toml::Value::try_from(value) {
+        Ok(toml::Value::Table(t)) => Ok(t),
+        Ok(_) => unreachable!("a struct serializes to a table"),
+        Err(e) => Err(ServerError::Parse(format!("default config: {e}"))),
     }
-    toml::Value::Table(merged)
-        .try_into()
-        .map_err(|e: toml::de::Error| ServerError::Parse(format!("config file: {e}")))
 }
 
 #[cfg(test)]
@@ -228,6 +231,20 @@ mod tests {
         // Not given: the serve default, not LogConfig's.
         let d = default_critio_config();
         assert_eq!(f.critio.log.record_bytes_max, d.log.record_bytes_max);
+    }
+
+    #[test]
+    fn a_file_lays_over_the_base_it_is_given() {
+        let mut base = FileConfig::default();
+        base.engine.checkpoint_interval_ms = 1000;
+        base.critio.cache.capacity_bytes = 1 << 30;
+        let f = FileConfig::from_toml_str_over("[cache]\npage_bytes = 8192\n", &base).unwrap();
+        assert_eq!(f.engine.checkpoint_interval_ms, 1000, "kept from the base");
+        assert_eq!(f.critio.cache.capacity_bytes, 1 << 30);
+        assert_eq!(f.critio.cache.page_bytes, 8192);
+        let f = FileConfig::from_toml_str_over("[engine]\ncheckpoint_interval_ms = 5\n", &base)
+            .unwrap();
+        assert_eq!(f.engine.checkpoint_interval_ms, 5, "the file wins");
     }
 
     #[test]
