@@ -105,7 +105,7 @@ struct SchemeResult {
     errors: u64,
 }
 
-fn require_redis_benchmark() -> Result<(), String> {
+pub(super) fn require_redis_benchmark() -> Result<(), String> {
     match Command::new("redis-benchmark").arg("--version").output() {
         Ok(o) if o.status.success() => Ok(()),
         _ => Err(

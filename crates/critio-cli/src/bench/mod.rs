@@ -10,8 +10,11 @@ mod e2_device_priority;
 mod e3_antagonists;
 mod e4_write_cache;
 mod e5_ablation;
+mod host;
 mod kv_background;
+mod kv_vs_redis;
 mod lock_overhead;
+mod peers;
 mod real_device_mix;
 pub mod report;
 
@@ -104,6 +107,12 @@ pub const EXPERIMENTS: &[Experiment] = &[
         name: "kv-background",
         about: "redis-benchmark against critio-kv during checkpoints and BGSAVE: none vs rcp p50..max (needs redis-tools)",
         run: kv_background::run,
+        in_results: false,
+    },
+    Experiment {
+        name: "kv-vs-redis",
+        about: "critio-kv (file, none and rcp) vs stock Redis (appendfsync always): redis-benchmark alone and under BGSAVE/BGREWRITEAOF, two sizes (needs redis-server, redis-tools)",
+        run: kv_vs_redis::run,
         in_results: false,
     },
     Experiment {

@@ -1,0 +1,414 @@
+//! `critio bench kv-vs-redis`: critio-kv against the server its users would
+//! pick instead, stock Redis with the same durability, on the same file
+//! system, under the same redis-benchmark load, side by side in one run.
+//!
+//! ```text
+//!  for each size (the data fits critio's cache; the data is 4x the cache):
+//!    for redis-server (appendonly yes, appendfsync always), critio-kv none, critio-kv rcp:
+//!      start it in DIR on the file system under test ─> preload KEYS keys of 1 KiB
+//!      alone:      redis-benchmark -t set, then -t get   (-c 20 -r KEYS -d 1024)
+//!      background: the same, while BGSAVE and BGREWRITEAOF run back to back
+//!                  (each waited for); critio-kv also checkpoints every second, always
+//!      stop it, remove DIR
+//! ```
+//!
+//! Targets are ratios from this one run; a miss prints MISS. Redis comes
+//! from Debian's `redis-server` (skipped with a printed reason where it is
+//! missing); redis-benchmark from `redis-tools`. The critio-kv servers are
+//! `critio serve --device file` processes (io_uring, O_DIRECT), as a user
+//! runs them. Background progress is compared as jobs (BGSAVE or
+//! BGREWRITEAOF) completed per second of load, since a faster server
+//! spends fewer seconds on the same requests.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use critio_kv::Scheme;
+use indicatif::{ProgressBar, ProgressStyle};
+use serde_json::json;
+
+use super::host;
+use super::kv_background::TestResult;
+use super::peers::{benchmark, info_u64, redis_server_version, BackgroundLoop, Kind, Peer, Rounds};
+use super::report::{Goal, Report, Table, Target};
+use super::BenchArgs;
+
+const CLIENTS: u32 = 20;
+const VALUE_BYTES: usize = 1024;
+const PEERS: [Kind; 3] = [
+    Kind::Redis,
+    Kind::Critio(Scheme::None),
+    Kind::Critio(Scheme::Rcp),
+];
+
+/// One data-set size.
+#[derive(Clone, Copy, Debug)]
+struct Size {
+    name: &'static str,
+    about: &'static str,
+    keys: u64,
+    cache_bytes: u64,
+    set_requests: u64,
+    get_requests: u64,
+}
+
+fn sizes(quick: bool) -> [Size; 2] {
+    if quick {
+        [
+            Size {
+                name: "fits",
+                about: "the data fits critio's cache",
+                keys: 20_000,
+                cache_bytes: 64 << 20,
+                set_requests: 3_000,
+                get_requests: 6_000,
+            },
+            Size {
+                name: "4x",
+                about: "the data is 4x critio's cache",
+                keys: 40_000,
+                cache_bytes: 10 << 20,
+                set_requests: 3_000,
+                get_requests: 6_000,
+            },
+        ]
+    } else {
+        [
+            Size {
+                name: "fits",
+                about: "the data fits critio's cache",
+                keys: 300_000,
+                cache_bytes: 1 << 30,
+                set_requests: 200_000,
+                get_requests: 600_000,
+            },
+            Size {
+                name: "4x",
+                about: "the data is 4x critio's cache",
+                keys: 1_000_000,
+                cache_bytes: 256 << 20,
+                set_requests: 200_000,
+                get_requests: 600_000,
+            },
+        ]
+    }
+}
+
+/// One server's load in one phase.
+#[derive(Clone, Debug)]
+struct Run {
+    kind: Kind,
+    size: &'static str,
+    background: bool,
+    set: TestResult,
+    get: TestResult,
+    seconds: f64,
+    rounds: Rounds,
+    checkpoints: u64,
+}
+
+impl Run {
+    fn jobs_per_s(&self) -> f64 {
+        (self.rounds.bgsaves + self.rounds.rewrites) as f64 / self.seconds.max(1e-9)
+    }
+}
+
+fn critio_config(size: &Size) -> String {
+    format!(
+        "[cache]\ncapacity_bytes = {}\n[engine]\ncheckpoint_interval_ms = 1000\n",
+        size.cache_bytes
+    )
+}
+
+fn bar(prefix: &str) -> ProgressBar {
+    let pb = ProgressBar::new(1);
+    let style = ProgressStyle::with_template("{prefix:>28} [{bar:30}] {pos}/{len} {msg}")
+        .expect("static template")
+        .progress_chars("=> ");
+    pb.set_style(style);
+    pb.set_prefix(prefix.to_owned());
+    pb
+}
+
+fn checkpoints(peer: &Peer) -> u64 {
+    peer.info()
+        .ok()
+        .and_then(|i| info_u64(&i, "checkpoints"))
+        .unwrap_or(0)
+}
+
+/// Both phases of one server at one size.
+fn run_peer(kind: Kind, size: &Size, dir: &Path) -> Result<Vec<Run>, String> {
+    let label = format!("{} {}", size.name, kind.label());
+    let pb = bar(&label);
+    let peer = match kind {
+        Kind::Redis => Peer::redis(&dir.join("redis"))?,
+        Kind::Critio(s) => Peer::critio(&dir.join(format!("critio-{s}")), s, &critio_config(size))?,
+    };
+    for line in &peer.banner {
+        pb.suspend(|| eprintln!("kv-vs-redis: {label}: {line}"));
+    }
+    pb.set_message("preload");
+    peer.preload(size.keys, VALUE_BYTES, &pb)?;
+    let mut runs = Vec::new();
+    for background in [false, true] {
+        pb.set_message(if background {
+            "with background work"
+        } else {
+            "alone"
+        });
+        let bg = if background {
+            Some(BackgroundLoop::start(&peer)?)
+        } else {
+            None
+        };
+        let ckpt = checkpoints(&peer);
+        let started = Instant::now();
+        let bench = |test, n| benchmark(&peer, test, n, CLIENTS, size.keys, VALUE_BYTES);
+        let set = bench("set", size.set_requests);
+        let get = bench("get", size.get_requests);
+        let seconds = started.elapsed().as_secs_f64();
+        let rounds = match bg {
+            Some(bg) => bg.stop()?,
+            None => Rounds::default(),
+        };
+        runs.push(Run {
+            kind,
+            size: size.name,
+            background,
+            set: set?,
+            get: get?,
+            seconds,
+            rounds,
+            checkpoints: checkpoints(&peer).saturating_sub(ckpt),
+        });
+    }
+    pb.finish_and_clear();
+    peer.stop()?;
+    Ok(runs)
+}
+
+fn find<'a>(runs: &'a [Run], kind: Kind, size: &str, background: bool) -> &'a Run {
+    runs.iter()
+        .find(|r| r.kind == kind && r.size == size && r.background == background)
+        .expect("every server ran every phase")
+}
+
+fn latency_table(runs: &[Run], size: &Size) -> Table {
+    let mut t = Table::new(
+        &format!(
+            "{} ({}): {} keys x {VALUE_BYTES} B, critio cache {} MiB; redis-benchmark -c {CLIENTS} -r {} -d {VALUE_BYTES}, SET -n {}, GET -n {}",
+            size.name,
+            size.about,
+            size.keys,
+            size.cache_bytes >> 20,
+            size.keys,
+            size.set_requests,
+            size.get_requests
+        ),
+        &["server", "phase", "test", "req/s", "p50 ms", "p99 ms", "p99.9 ms", "max ms"],
+    );
+    for r in runs.iter().filter(|r| r.size == size.name) {
+        for x in [&r.set, &r.get] {
+            t.row(vec![
+                json!(r.kind.label()),
+                json!(if r.background { "background" } else { "alone" }),
+                json!(x.name),
+                json!(x.rps),
+                json!(x.p50_ms),
+                json!(x.p99_ms),
+                json!(x.p999_ms),
+                json!(x.max_ms),
+            ]);
+        }
+    }
+    t
+}
+
+fn background_table(runs: &[Run]) -> Table {
+    let mut t = Table::new(
+        "background work during the load (phase 'background'; critio-kv checkpoints every second in both phases)",
+        &[
+            "size",
+            "server",
+            "phase",
+            "seconds",
+            "BGSAVE done",
+            "BGREWRITEAOF done",
+            "jobs/s",
+            "checkpoints",
+        ],
+    );
+    for r in runs {
+        t.row(vec![
+            json!(r.size),
+            json!(r.kind.label()),
+            json!(if r.background { "background" } else { "alone" }),
+            json!(r.seconds),
+            json!(r.rounds.bgsaves),
+            json!(r.rounds.rewrites),
+            json!(r.jobs_per_s()),
+            json!(r.checkpoints),
+        ]);
+    }
+    t
+}
+
+fn ratio(a: f64, b: f64) -> f64 {
+    a / b.max(1e-9)
+}
+
+fn targets(runs: &[Run], with_redis: bool) -> Vec<Target> {
+    let mut t = Vec::new();
+    if with_redis {
+        t.extend(redis_targets(runs));
+    }
+    t.extend(scheme_targets(runs));
+    t
+}
+
+fn redis_targets(runs: &[Run]) -> Vec<Target> {
+    let (redis, rcp) = (Kind::Redis, Kind::Critio(Scheme::Rcp));
+    let mut t = Vec::new();
+    let alone = (
+        find(runs, rcp, "fits", false),
+        find(runs, redis, "fits", false),
+    );
+    t.push(Target::new(
+        "fits-alone-set-throughput-rcp-vs-redis",
+        ratio(alone.0.set.rps, alone.1.set.rps),
+        Goal::AtLeast(1.0),
+        "x",
+    ));
+    t.push(Target::new(
+        "fits-alone-get-throughput-rcp-vs-redis",
+        ratio(alone.0.get.rps, alone.1.get.rps),
+        Goal::AtLeast(0.8),
+        "x",
+    ));
+    for (test, a, b) in [
+        ("set", &alone.0.set, &alone.1.set),
+        ("get", &alone.0.get, &alone.1.get),
+    ] {
+        t.push(Target::new(
+            &format!("fits-alone-{test}-p99-rcp-vs-redis"),
+            ratio(a.p99_ms, b.p99_ms),
+            Goal::AtMost(2.0),
+            "x",
+        ));
+    }
+    let bg = (
+        find(runs, rcp, "fits", true),
+        find(runs, redis, "fits", true),
+    );
+    for (test, a, b) in [("set", &bg.0.set, &bg.1.set), ("get", &bg.0.get, &bg.1.get)] {
+        t.push(Target::new(
+            &format!("fits-background-{test}-p99.9-redis-over-rcp"),
+            ratio(b.p999_ms, a.p999_ms),
+            Goal::AtLeast(5.0),
+            "x",
+        ));
+        t.push(Target::new(
+            &format!("fits-background-{test}-throughput-rcp-vs-redis"),
+            ratio(a.rps, b.rps),
+            Goal::AtLeast(1.0),
+            "x",
+        ));
+    }
+    let big = (find(runs, rcp, "4x", true), find(runs, redis, "4x", true));
+    t.push(Target::new(
+        "4x-background-set-p99.9-redis-over-rcp",
+        ratio(big.1.set.p999_ms, big.0.set.p999_ms),
+        Goal::AtLeast(5.0),
+        "x",
+    ));
+    t
+}
+
+fn scheme_targets(runs: &[Run]) -> Vec<Target> {
+    let (none, rcp) = (Kind::Critio(Scheme::None), Kind::Critio(Scheme::Rcp));
+    let mut t = Vec::new();
+    for size in ["fits", "4x"] {
+        let (r, n) = (find(runs, rcp, size, true), find(runs, none, size, true));
+        for (test, a, b) in [("set", &r.set, &n.set), ("get", &r.get, &n.get)] {
+            t.push(Target::new(
+                &format!("{size}-background-{test}-p99.9-none-over-rcp"),
+                ratio(b.p999_ms, a.p999_ms),
+                Goal::AtLeast(3.0),
+                "x",
+            ));
+            t.push(Target::new(
+                &format!("{size}-background-{test}-throughput-rcp-vs-none"),
+                ratio(a.rps, b.rps),
+                Goal::AtLeast(1.0),
+                "x",
+            ));
+        }
+        t.push(Target::new(
+            &format!("{size}-background-jobs-per-s-rcp-vs-none"),
+            ratio(r.jobs_per_s(), n.jobs_per_s()),
+            Goal::AtLeast(0.8),
+            "x",
+        ));
+    }
+    t
+}
+
+/// The directory the servers' data goes in: `--device file:DIR`, else
+/// `kv-vs-redis` in the results directory.
+fn work_dir(args: &BenchArgs) -> Result<PathBuf, String> {
+    let dir = match args.device.as_deref() {
+        None => args.out_dir().join("kv-vs-redis"),
+        Some(d) => match d.strip_prefix("file:") {
+            Some(path) => PathBuf::from(path),
+            None => {
+                return Err(format!(
+                    "kv-vs-redis runs on a file system: give --device file:DIR, not `{d}`"
+                ))
+            }
+        },
+    };
+    std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    Ok(dir)
+}
+
+/// Runs the experiment.
+pub fn run(args: &BenchArgs) -> Result<Report, String> {
+    super::kv_background::require_redis_benchmark()?;
+    let redis = redis_server_version();
+    let peers: Vec<Kind> = match &redis {
+        Ok(_) => PEERS.to_vec(),
+        Err(why) => {
+            eprintln!("kv-vs-redis: skipping the Redis runs and targets: {why}");
+            PEERS.into_iter().filter(|k| *k != Kind::Redis).collect()
+        }
+    };
+    let version = redis.as_deref().unwrap_or("(not installed)").to_owned();
+    let dir = work_dir(args)?;
+    let machine = host::describe(&dir);
+    eprintln!(
+        "kv-vs-redis: Redis {version} and critio-kv on {} ({machine})",
+        dir.display()
+    );
+    let sizes = sizes(args.quick);
+    let mut runs = Vec::new();
+    for size in &sizes {
+        for &kind in &peers {
+            runs.extend(run_peer(kind, size, &dir)?);
+        }
+    }
+    let mut tables: Vec<Table> = sizes.iter().map(|s| latency_table(&runs, s)).collect();
+    tables.push(background_table(&runs));
+    Ok(Report {
+        experiment: "kv-vs-redis".into(),
+        description: format!(
+            "critio-kv (critio serve --device file: io_uring, O_DIRECT) against Redis {version} \
+             (appendonly yes, appendfsync always) on the same file system, {} on {machine}; \
+             the same redis-benchmark load, alone and while each runs BGSAVE and BGREWRITEAOF \
+             back to back. p99.9 is redis-benchmark's first listed percentile at or above 99.9%.",
+            dir.display()
+        ),
+        tables,
+        targets: targets(&runs, redis.is_ok()),
+    })
+}

@@ -1,0 +1,387 @@
+//! The key-value servers a comparison runs, as the child processes a user
+//! would run: stock `redis-server` (`appendonly yes`, `appendfsync always`)
+//! and `critio serve --device file`, each in its own data directory on the
+//! file system under test; with a pipelined preload, the background-work
+//! loop (BGSAVE, then BGREWRITEAOF, each waited for, again and again), and
+//! redis-benchmark runs against them.
+
+use std::io::{BufRead, BufReader};
+use std::net::{SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use critio_kv::Scheme;
+use indicatif::ProgressBar;
+
+use super::kv_background::{parse, TestResult};
+
+/// How long a server may take to start listening.
+const START_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long a server may take to stop (a final checkpoint or AOF fsync).
+const STOP_TIMEOUT: Duration = Duration::from_secs(60);
+/// How often the background loop polls INFO for the end of a job.
+const JOB_POLL: Duration = Duration::from_millis(20);
+/// SETs per pipeline in the preload.
+const PRELOAD_BATCH: u64 = 512;
+
+/// Which server.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// Stock Redis.
+    Redis,
+    /// critio-kv under a scheme.
+    Critio(Scheme),
+}
+
+impl Kind {
+    /// The name used in tables.
+    pub fn label(self) -> String {
+        match self {
+            Kind::Redis => "redis".to_owned(),
+            Kind::Critio(s) => format!("critio-kv {}", s.name()),
+        }
+    }
+}
+
+/// A running server.
+pub struct Peer {
+    /// Which server.
+    pub kind: Kind,
+    /// Where it listens.
+    pub addr: SocketAddr,
+    /// Its data directory (removed when it stops).
+    pub dir: PathBuf,
+    /// What it printed when it started (critio: its settings line).
+    pub banner: Vec<String>,
+    child: Child,
+}
+
+/// `redis-server --version`, or why it cannot run.
+pub fn redis_server_version() -> Result<String, String> {
+    let out = Command::new("redis-server")
+        .arg("--version")
+        .output()
+        .map_err(|_| "redis-server is not installed (Debian: apt-get install redis-server)")?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    Ok(text
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("v="))
+        .unwrap_or("unknown")
+        .to_owned())
+}
+
+fn free_port() -> Result<u16, String> {
+    let l = TcpListener::bind("127.0.0.1:0").map_err(|e| format!("no free port: {e}"))?;
+    Ok(l.local_addr().map_err(|e| e.to_string())?.port())
+}
+
+fn connect(addr: SocketAddr) -> Result<redis::Connection, String> {
+    redis::Client::open(format!("redis://{addr}/"))
+        .and_then(|c| c.get_connection())
+        .map_err(|e| format!("cannot connect to {addr}: {e}"))
+}
+
+impl Peer {
+    /// Starts a stock redis-server in `dir` with the AOF on and fsync per
+    /// write (the durability critio-kv gives), no RDB save points.
+    pub fn redis(dir: &Path) -> Result<Peer, String> {
+        std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        let port = free_port()?;
+        let child = Command::new("redis-server")
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .arg("--dir")
+            .arg(dir)
+            .args(["--appendonly", "yes", "--appendfsync", "always"])
+            .args(["--save", "", "--daemonize", "no", "--maxclients", "1000"])
+            .arg("--logfile")
+            .arg(dir.join("redis.log"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| format!("cannot run redis-server: {e}"))?;
+        let addr: SocketAddr = ([127, 0, 0, 1], port).into();
+        let mut peer = Peer {
+            kind: Kind::Redis,
+            addr,
+            dir: dir.to_path_buf(),
+            banner: Vec::new(),
+            child,
+        };
+        let started = Instant::now();
+        while connect(addr).is_err() {
+            if started.elapsed() > START_TIMEOUT || peer.child.try_wait().ok().flatten().is_some() {
+                return Err(format!(
+                    "redis-server did not start; see {}",
+                    dir.join("redis.log").display()
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(peer)
+    }
+
+    /// Starts `critio serve` (this binary) in `dir` on a file through
+    /// io_uring, with `config` as its config file.
+    pub fn critio(dir: &Path, scheme: Scheme, config: &str) -> Result<Peer, String> {
+        std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        let cfg_path = dir.join("critio.toml");
+        std::fs::write(&cfg_path, config).map_err(|e| format!("{}: {e}", cfg_path.display()))?;
+        let exe = std::env::current_exe().map_err(|e| format!("cannot find critio: {e}"))?;
+        let mut child = Command::new(exe)
+            .args(["serve", "--device", "file", "--bind", "127.0.0.1:0"])
+            .args(["--scheme", scheme.name()])
+            .arg("--data")
+            .arg(dir.join("data"))
+            .arg("--config")
+            .arg(&cfg_path)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .map_err(|e| format!("cannot run critio serve: {e}"))?;
+        let out = child.stdout.take().expect("stdout is piped");
+        let mut lines = BufReader::new(out).lines();
+        let mut banner = Vec::new();
+        let addr = loop {
+            let Some(Ok(line)) = lines.next() else {
+                let _ = child.wait();
+                return Err(format!("critio serve ({scheme}) exited before listening"));
+            };
+            if let Some(rest) = line.split("listening on ").nth(1) {
+                let addr = rest.split_whitespace().next().unwrap_or("");
+                break addr
+                    .parse()
+                    .map_err(|e| format!("critio serve printed a bad address `{addr}`: {e}"))?;
+            }
+            banner.push(line);
+        };
+        // Keep draining stdout so the server never blocks on a full pipe.
+        std::thread::spawn(move || for _ in lines {});
+        Ok(Peer {
+            kind: Kind::Critio(scheme),
+            addr,
+            dir: dir.to_path_buf(),
+            banner,
+            child,
+        })
+    }
+
+    /// A new connection.
+    pub fn connect(&self) -> Result<redis::Connection, String> {
+        connect(self.addr)
+    }
+
+    /// Writes keys `key:000000000000`.. (redis-benchmark's `-r` names) with
+    /// values of `value_bytes`, in pipelines.
+    pub fn preload(&self, keys: u64, value_bytes: usize, bar: &ProgressBar) -> Result<(), String> {
+        let mut con = self.connect()?;
+        let value: Vec<u8> = (0..value_bytes).map(|i| b'a' + (i % 26) as u8).collect();
+        bar.set_length(keys);
+        bar.set_position(0);
+        let mut first = 0;
+        while first < keys {
+            let last = (first + PRELOAD_BATCH).min(keys);
+            let mut pipe = redis::pipe();
+            for i in first..last {
+                pipe.cmd("SET")
+                    .arg(format!("key:{i:012}"))
+                    .arg(&value)
+                    .ignore();
+            }
+            pipe.query::<()>(&mut con)
+                .map_err(|e| format!("{}: preload: {e}", self.kind.label()))?;
+            bar.set_position(last);
+            first = last;
+        }
+        Ok(())
+    }
+
+    /// The INFO text.
+    pub fn info(&self) -> Result<String, String> {
+        let mut con = self.connect()?;
+        redis::cmd("INFO")
+            .query(&mut con)
+            .map_err(|e| format!("{}: INFO: {e}", self.kind.label()))
+    }
+
+    /// Stops the server (critio: SIGTERM, a final checkpoint; Redis:
+    /// SHUTDOWN NOSAVE) and removes its data directory.
+    pub fn stop(mut self) -> Result<(), String> {
+        match self.kind {
+            Kind::Redis => {
+                if let Ok(mut con) = self.connect() {
+                    let _: redis::RedisResult<()> =
+                        redis::cmd("SHUTDOWN").arg("NOSAVE").query(&mut con);
+                }
+            }
+            Kind::Critio(_) => {
+                let pid = rustix::process::Pid::from_child(&self.child);
+                let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+            }
+        }
+        let started = Instant::now();
+        let status = loop {
+            match self.child.try_wait() {
+                Ok(Some(s)) => break Some(s),
+                Ok(None) if started.elapsed() < STOP_TIMEOUT => {
+                    std::thread::sleep(Duration::from_millis(20))
+                }
+                _ => {
+                    let _ = self.child.kill();
+                    let _ = self.child.wait();
+                    break None;
+                }
+            }
+        };
+        let _ = std::fs::remove_dir_all(&self.dir);
+        match status {
+            Some(_) => Ok(()),
+            None => Err(format!(
+                "{} did not stop within {STOP_TIMEOUT:?}; killed",
+                self.kind.label()
+            )),
+        }
+    }
+}
+
+impl Drop for Peer {
+    fn drop(&mut self) {
+        // A peer not stopped cleanly (an error path) must not outlive us.
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// A numeric `key:value` field of INFO text.
+pub fn info_u64(info: &str, key: &str) -> Option<u64> {
+    info.lines()
+        .find_map(|l| l.strip_prefix(key)?.strip_prefix(':')?.trim().parse().ok())
+}
+
+/// Background jobs completed while the load ran.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Rounds {
+    /// BGSAVEs completed.
+    pub bgsaves: u64,
+    /// BGREWRITEAOFs completed.
+    pub rewrites: u64,
+}
+
+/// BGSAVE and BGREWRITEAOF back to back on their own connection, each
+/// waited for (INFO's `*_in_progress`), until stopped.
+pub struct BackgroundLoop {
+    stop: Arc<AtomicBool>,
+    handle: JoinHandle<Result<Rounds, String>>,
+}
+
+impl BackgroundLoop {
+    /// Starts the loop against `peer`.
+    pub fn start(peer: &Peer) -> Result<BackgroundLoop, String> {
+        let mut con = peer.connect()?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let handle = {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let mut rounds = Rounds::default();
+                let jobs = [
+                    ("BGSAVE", "rdb_bgsave_in_progress"),
+                    ("BGREWRITEAOF", "aof_rewrite_in_progress"),
+                ];
+                'outer: loop {
+                    for (i, (cmd, busy)) in jobs.iter().enumerate() {
+                        if stop.load(Ordering::SeqCst) {
+                            break 'outer;
+                        }
+                        redis::cmd(cmd)
+                            .query::<redis::Value>(&mut con)
+                            .map_err(|e| format!("{cmd}: {e}"))?;
+                        wait_idle(&mut con, busy)?;
+                        if stop.load(Ordering::SeqCst) {
+                            break 'outer; // ended after the load: not counted
+                        }
+                        if i == 0 {
+                            rounds.bgsaves += 1;
+                        } else {
+                            rounds.rewrites += 1;
+                        }
+                    }
+                }
+                Ok(rounds)
+            })
+        };
+        Ok(BackgroundLoop { stop, handle })
+    }
+
+    /// Stops the loop after the job in progress; the jobs completed before.
+    pub fn stop(self) -> Result<Rounds, String> {
+        self.stop.store(true, Ordering::SeqCst);
+        self.handle
+            .join()
+            .map_err(|_| "the background loop panicked".to_owned())?
+    }
+}
+
+/// Waits until INFO's `busy` field (and Redis's `aof_rewrite_scheduled`)
+/// is 0.
+fn wait_idle(con: &mut redis::Connection, busy: &str) -> Result<(), String> {
+    loop {
+        let info: String = redis::cmd("INFO")
+            .arg("persistence")
+            .query(con)
+            .map_err(|e| format!("INFO: {e}"))?;
+        let running = info_u64(&info, busy).unwrap_or(0)
+            + info_u64(&info, "aof_rewrite_scheduled").unwrap_or(0);
+        if running == 0 {
+            return Ok(());
+        }
+        std::thread::sleep(JOB_POLL);
+    }
+}
+
+/// One redis-benchmark test (`set` or `get`) against `peer`.
+pub fn benchmark(
+    peer: &Peer,
+    test: &str,
+    requests: u64,
+    clients: u32,
+    keyspace: u64,
+    value_bytes: usize,
+) -> Result<TestResult, String> {
+    let out = Command::new("redis-benchmark")
+        .args(["-h", "127.0.0.1", "-p", &peer.addr.port().to_string()])
+        .args(["-t", test, "-n", &requests.to_string()])
+        .args(["-c", &clients.to_string(), "-r", &keyspace.to_string()])
+        .args(["-d", &value_bytes.to_string()])
+        .output()
+        .map_err(|e| format!("cannot run redis-benchmark: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "redis-benchmark failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    let text = String::from_utf8_lossy(&out.stdout).replace('\r', "\n");
+    parse(&text)
+        .into_iter()
+        .next()
+        .ok_or_else(|| format!("redis-benchmark -t {test} printed no result"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn info_fields_parse() {
+        let info = "# Persistence\r\nrdb_bgsave_in_progress:1\r\naof_rewrites:12\r\n";
+        assert_eq!(info_u64(info, "rdb_bgsave_in_progress"), Some(1));
+        assert_eq!(info_u64(info, "aof_rewrites"), Some(12));
+        assert_eq!(info_u64(info, "aof_rewrite"), None);
+    }
+}
