@@ -43,6 +43,18 @@ pub(crate) mod thread {
         loom::thread::park()
     }
 
+    /// Gives up the CPU to another runnable thread.
+    #[cfg(not(loom))]
+    pub(crate) fn yield_now() {
+        std::thread::yield_now()
+    }
+
+    /// Gives up the CPU to another modelled thread.
+    #[cfg(loom)]
+    pub(crate) fn yield_now() {
+        loom::thread::yield_now()
+    }
+
     /// A busy-wait hint (a yield point under loom).
     #[cfg(not(loom))]
     pub(crate) fn spin_hint() {

@@ -51,17 +51,51 @@ const LOCKED: u64 = 1;
 const CONTENDED: u64 = 2;
 const OWNER_SHIFT: u32 = 2;
 
-/// How long a contender spins before parking (0 under loom: every spin is a
-/// modelled step).
+/// Rounds of exponentially longer busy-waiting, then rounds of yielding the
+/// CPU, before a contender queues (parking_lot's `SpinWait`); none under
+/// loom, where every spin would be a modelled step.
 #[cfg(not(loom))]
-pub(crate) const SPIN_LIMIT: u32 = 64;
+const SPIN_ROUNDS: u32 = 3;
+#[cfg(not(loom))]
+const YIELD_ROUNDS: u32 = 7;
 #[cfg(loom)]
-pub(crate) const SPIN_LIMIT: u32 = 0;
+const SPIN_ROUNDS: u32 = 0;
+#[cfg(loom)]
+const YIELD_ROUNDS: u32 = 0;
 
-/// Spin iterations allowed (a function so the loom build's empty range is
-/// not a lint).
-fn spins() -> std::ops::Range<u32> {
-    0..SPIN_LIMIT
+/// How many times a queued *critical* waiter checks for the hand-off before
+/// parking (it is handed the lock at the next release, so a short spin
+/// often saves the park and the wake-up). Non-critical waiters park at once:
+/// one that spun would be back racing the holder for every release.
+#[cfg(not(loom))]
+const HANDOFF_SPINS: u32 = 64;
+#[cfg(loom)]
+const HANDOFF_SPINS: u32 = 0;
+
+const _: () = assert!(SPIN_ROUNDS < 16);
+
+/// A contender's bounded spinning before it queues.
+#[derive(Default)]
+struct SpinWait {
+    rounds: u32,
+}
+
+impl SpinWait {
+    /// Spins or yields once more; false once the budget is spent.
+    fn spin(&mut self) -> bool {
+        if self.rounds >= SPIN_ROUNDS + YIELD_ROUNDS {
+            return false;
+        }
+        self.rounds += 1;
+        if self.rounds <= SPIN_ROUNDS {
+            for _ in 0..1u32 << self.rounds {
+                thread::spin_hint();
+            }
+        } else {
+            thread::yield_now();
+        }
+        true
+    }
 }
 
 fn owner_of(state: u64) -> TaskId {
@@ -252,7 +286,8 @@ impl MutexCore {
             if self.enqueue(me, &mut scope, &mut turn) {
                 return; // acquired on the way in
             }
-            if self.wait_turn(me) {
+            let task = scope.as_ref().expect("a queued waiter has a scope").task();
+            if self.wait_turn(me, task) {
                 return; // handed over
             }
             turn = turn.map(Turn::lost_once);
@@ -262,15 +297,14 @@ impl MutexCore {
     /// Takes the lock if it is free, spinning a little while nobody is
     /// queued. False once the caller should queue.
     fn barge(&self, me: TaskId) -> bool {
-        let mut spins = spins();
+        let mut spin = SpinWait::default();
         loop {
             if self.try_lock(me) {
                 return true;
             }
-            if self.state.load(Ordering::Relaxed) & CONTENDED != 0 || spins.next().is_none() {
+            if self.state.load(Ordering::Relaxed) & CONTENDED != 0 || !spin.spin() {
                 return false; // others are parked: take a place in line
             }
-            thread::spin_hint();
         }
     }
 
@@ -334,12 +368,14 @@ impl MutexCore {
     /// Parks until the lock is handed over (true) or the task was woken to
     /// retry (false). A stray unpark finds the task still queued and parks
     /// again.
-    fn wait_turn(&self, me: TaskId) -> bool {
-        for _ in spins() {
-            if self.owned_by(me) {
-                return true;
+    fn wait_turn(&self, me: TaskId, task: &TaskRef) -> bool {
+        if task.is_critical() {
+            for _ in 0..HANDOFF_SPINS {
+                if self.owned_by(me) {
+                    return true;
+                }
+                thread::spin_hint();
             }
-            thread::spin_hint();
         }
         loop {
             if self.owned_by(me) {
