@@ -414,18 +414,39 @@ impl Frames {
             .map(|i| self.frames[i].dirtied_at)
     }
 
-    /// The pages of `file` that hold writes not yet durable, with the write
-    /// sequence each must reach.
-    pub(crate) fn unflushed_of(&self, file: FileId) -> Vec<(PageKey, u64)> {
-        let from = PageKey { file, page: 0 };
+    /// Up to `max` pages of `file` in `pages` that hold writes not yet
+    /// durable, in page order, with the write sequence each must reach.
+    pub(crate) fn unflushed_of(
+        &self,
+        file: FileId,
+        pages: std::ops::RangeInclusive<u64>,
+        max: usize,
+    ) -> Vec<(PageKey, u64)> {
+        let from = PageKey {
+            file,
+            page: *pages.start(),
+        };
+        let to = PageKey {
+            file,
+            page: *pages.end(),
+        };
         self.unflushed
-            .range(from..)
-            .take_while(|k| k.file == file)
+            .range(from..=to)
+            .take(max)
             .map(|&k| {
                 let i = self.lookup(k).expect("an unflushed page is cached");
                 (k, self.frames[i].write_seq)
             })
             .collect()
+    }
+
+    /// The last page of `file` holding writes not yet durable.
+    pub(crate) fn last_unflushed(&self, file: FileId) -> Option<u64> {
+        let range = PageKey { file, page: 0 }..=PageKey {
+            file,
+            page: u64::MAX,
+        };
+        self.unflushed.range(range).next_back().map(|k| k.page)
     }
 
     /// Every file with unflushed pages.

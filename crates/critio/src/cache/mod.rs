@@ -315,24 +315,21 @@ impl PageCache {
     ) -> Result<(), CacheError> {
         let pages = self.inner.pages(file, offset, out.len())?;
         let mut missing: Vec<(PageKey, usize, usize, usize)> = Vec::new();
-        {
-            let mut core = self.inner.core.lock();
-            let mut done = 0;
-            for &(key, in_page, n) in &pages {
-                let cached = core
-                    .frames
-                    .lookup(key)
-                    .filter(|&i| !matches!(core.frames.frame(i).state, State::Loading(_)));
-                match cached {
-                    Some(i) => {
-                        out[done..done + n]
-                            .copy_from_slice(&core.frames.data(i)[in_page..in_page + n]);
-                        core.frames.touch(i);
-                    }
-                    None => missing.push((key, in_page, n, done)),
+        let mut done = 0;
+        for &(key, in_page, n) in &pages {
+            // One page per lock hold: a long scan never holds the cache.
+            let core = self.inner.core.lock();
+            let cached = core
+                .frames
+                .lookup(key)
+                .filter(|&i| !matches!(core.frames.frame(i).state, State::Loading(_)));
+            match cached {
+                Some(i) => {
+                    out[done..done + n].copy_from_slice(&core.frames.data(i)[in_page..in_page + n]);
                 }
-                done += n;
+                None => missing.push((key, in_page, n, done)),
             }
+            done += n;
         }
         let counters = &self.inner.counters;
         counters
@@ -640,17 +637,40 @@ impl Inner {
         self.finish_runs(submitted)
     }
 
-    /// Writes the dirty pages of `file` (those dirty now) and waits for its
-    /// pages under writeback, in the caller's class.
+    /// Writes the dirty pages of `file` (those dirty now; some dirtied
+    /// meanwhile too) and waits for its pages under writeback, in the
+    /// caller's class, a bounded chunk of pages at a time (so no lock hold
+    /// grows with the number of dirty pages).
     fn flush_file(&self, file: FileId) -> Result<(), CacheError> {
-        let targets = self.core.lock().frames.unflushed_of(file);
+        let chunk = (self.cfg.writeback_batch_pages * self.cfg.writeback_inflight) as usize;
+        let Some(end) = self.core.lock().frames.last_unflushed(file) else {
+            return Ok(());
+        };
+        let mut from = 0;
+        while from <= end {
+            let targets = self
+                .core
+                .lock()
+                .frames
+                .unflushed_of(file, from..=end, chunk);
+            let Some(&(last, _)) = targets.last() else {
+                return Ok(());
+            };
+            from = last.page + 1;
+            self.flush_pages(&targets)?;
+        }
+        Ok(())
+    }
+
+    /// Makes the writes up to each target's write sequence durable.
+    fn flush_pages(&self, targets: &[(PageKey, u64)]) -> Result<(), CacheError> {
         loop {
             let (runs, waits) = {
                 let mut core = self.core.lock();
                 let (mut dirty, mut waits) = (Vec::new(), Vec::new());
-                for &(key, seq) in &targets {
+                for &(key, seq) in targets {
                     let Some(i) = core.frames.lookup(key) else {
-                        continue;
+                        continue; // written and evicted
                     };
                     let f = core.frames.frame(i);
                     if f.written_seq >= seq {

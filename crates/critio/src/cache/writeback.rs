@@ -17,6 +17,8 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
+use parking_lot::MutexGuard;
+
 use super::core::PageKey;
 use super::pending::PendingIo;
 use super::{CacheError, Core, Inner, WRITEBACK_POINT};
@@ -47,25 +49,29 @@ pub(crate) struct Submitted {
 
 impl Inner {
     /// Starts writeback of dirty `frames` (given oldest first): splits them
-    /// into runs of contiguous pages of one file, copies each run into one
-    /// buffer, and marks the pages under writeback in the order given, so
-    /// the writeback line (what a task short of frames waits for) keeps the
-    /// dirtying order.
-    pub(crate) fn plan_runs(&self, core: &mut Core, frames: Vec<usize>) -> Vec<Run> {
-        let mut keyed: Vec<(PageKey, usize, usize)> = frames
-            .into_iter()
-            .enumerate()
-            .map(|(order, i)| {
-                let key = core.frames.frame(i).key.expect("dirty page has a key");
-                (key, i, order)
-            })
+    /// into runs of contiguous pages of one file (page order), marks every
+    /// page under writeback in the order given, so the writeback line (what
+    /// a task short of frames waits for) keeps the dirtying order, then
+    /// copies each run into one buffer, letting the lock go between runs:
+    /// no lock hold copies more than one run. A page under writeback stays
+    /// in its frame; one written between its mark and its copy is copied
+    /// with the newer bytes and stays dirty (its write sequence is past the
+    /// one the run records).
+    pub(crate) fn plan_runs(
+        &self,
+        core: &mut MutexGuard<'_, Core>,
+        frames: Vec<usize>,
+    ) -> Vec<Run> {
+        let mut keyed: Vec<(PageKey, usize)> = frames
+            .iter()
+            .map(|&i| (core.frames.frame(i).key.expect("dirty page has a key"), i))
             .collect();
         keyed.sort_unstable();
         let batch = self.cfg.writeback_batch_pages as usize;
         let mut runs: Vec<Run> = Vec::new();
-        let mut begin: Vec<(usize, usize, usize)> = Vec::with_capacity(keyed.len());
+        let mut run_of = std::collections::HashMap::with_capacity(frames.len());
         let mut last: Option<PageKey> = None;
-        for &(key, i, order) in &keyed {
+        for &(key, i) in &keyed {
             let follows = last.is_some_and(|l| l.file == key.file && l.page + 1 == key.page);
             let full = runs.last().is_some_and(|r| r.pages.len() == batch);
             if runs.is_empty() || !follows || full {
@@ -77,23 +83,24 @@ impl Inner {
                 });
             }
             let r = runs.len() - 1;
+            run_of.insert(i, (r, runs[r].pages.len()));
             runs[r].pages.push((i, 0));
-            begin.push((order, r, runs[r].pages.len() - 1));
             last = Some(key);
         }
-        for run in &mut runs {
+        for &i in &frames {
+            let (r, p) = run_of[&i];
+            runs[r].pages[p].1 = core.frames.begin_writeback(i, runs[r].pending.clone());
+        }
+        for (n, run) in runs.iter_mut().enumerate() {
+            if n > 0 {
+                MutexGuard::bump(core);
+            }
             let mut buf = AlignedBuf::zeroed(run.pages.len() * self.page);
-            for (n, &(i, _)) in run.pages.iter().enumerate() {
-                buf.as_mut_slice()[n * self.page..(n + 1) * self.page]
+            for (k, &(i, _)) in run.pages.iter().enumerate() {
+                buf.as_mut_slice()[k * self.page..(k + 1) * self.page]
                     .copy_from_slice(core.frames.data(i));
             }
             run.buf = buf;
-        }
-        begin.sort_unstable();
-        for (_, r, p) in begin {
-            let run = &mut runs[r];
-            let i = run.pages[p].0;
-            run.pages[p].1 = core.frames.begin_writeback(i, run.pending.clone());
         }
         runs
     }
