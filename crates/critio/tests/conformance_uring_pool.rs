@@ -411,3 +411,45 @@ fn a_completer_may_drop_the_device() {
         drop_from_completer(Arc::new(dev));
     }
 }
+
+/// A new log on a sparse file writes its ring once, so its blocks are
+/// allocated before the first commit (a first write would cost a journal
+/// commit per flush); a device that is not a file is not written.
+#[test]
+fn a_new_log_on_a_file_allocates_its_ring() {
+    use std::os::unix::fs::MetadataExt;
+    use std::sync::Arc;
+
+    use critio::block::{BlockConfig, BlockLayer};
+    use critio::config::SyncConfig;
+    use critio::log::{Log, LogConfig};
+
+    let path = TempPath::new(&disk_dir(), "log-prealloc");
+    let Some(dev) = uring_or_skip(&path, UringOptions::default()) else {
+        return;
+    };
+    assert!(dev.info().allocates_on_first_write, "a regular file");
+    let allocated = || std::fs::metadata(&path.0).unwrap().blocks() * 512;
+    let before = allocated();
+    let cfg = LogConfig {
+        region_offset_bytes: 1 << 20,
+        region_bytes: 2 << 20,
+        batch_bytes_max: 256 << 10,
+        record_bytes_max: 64 << 10,
+        pending_bytes_max: 256 << 10,
+        ..LogConfig::default()
+    };
+    let block = Arc::new(BlockLayer::new(Arc::new(dev), BlockConfig::default()).unwrap());
+    let (log, _) = Log::open(block, &cfg, &SyncConfig::default()).unwrap();
+    assert!(
+        allocated() >= before + (2 << 20),
+        "the ring is allocated: {before} -> {} bytes",
+        allocated()
+    );
+    log.close().unwrap();
+    assert!(
+        !critio::device::mem::MemDevice::new(1 << 20)
+            .info()
+            .allocates_on_first_write
+    );
+}

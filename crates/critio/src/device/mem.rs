@@ -29,6 +29,7 @@ impl MemDevice {
                 capacity,
                 block_size: MEM_BLOCK_SIZE,
                 queue_depth: 128,
+                allocates_on_first_write: false,
             },
             data: RwLock::new(vec![
                 0;

@@ -161,6 +161,11 @@ pub struct DeviceInfo {
     /// How many commands the device takes at once to good effect (its
     /// internal queue depth); the block layer never dispatches more.
     pub queue_depth: u32,
+    /// A block's first write allocates it (a regular file on a file
+    /// system): that write, and the next flush, cost the file system's
+    /// metadata (a journal commit). Regions written over and over (a log)
+    /// are worth writing once when they are created.
+    pub allocates_on_first_write: bool,
 }
 
 /// A storage device.

@@ -172,6 +172,7 @@ impl PoolDevice {
                 capacity: opened.capacity,
                 block_size: opened.block_size,
                 queue_depth: u32::try_from(workers).expect("at most 128 workers"),
+                allocates_on_first_write: opened.regular_file,
             },
             file: opened.file,
             queues: Mutex::new(Queues {

@@ -281,8 +281,16 @@ fn recovery_of(hdr: &Header, scan: &mut Scan) -> (Recovery, (u64, Lsn)) {
 
 type Opened = (Header, Vec<u8>, Recovery, Ring);
 
-/// Formats a blank region: a new log id, header seq 1, epoch 1.
+/// Formats a blank region: a new log id, header seq 1, epoch 1. On a
+/// device whose blocks are allocated on their first write (a file), the
+/// ring is written with zeros first: otherwise every commit of the first
+/// lap would wait for the file system to allocate its block and commit
+/// its journal (on this project's test machine, ext4 on a virtio disk:
+/// about 700 commits a second instead of 6,500).
 fn format(block: &BlockLayer, geo: Geometry, cfg: &LogConfig) -> Result<Opened, LogError> {
+    if block.device().info().allocates_on_first_write {
+        preallocate(block, geo)?;
+    }
     let hdr = Header::fresh(rand::random(), geo.block as u32, cfg.region_bytes);
     let mut image = vec![0u8; geo.block as usize];
     hdr.write_into(&mut image);
@@ -327,6 +335,24 @@ fn reopen(
         &scan.marks,
     );
     Ok((next, image, recovery, ring))
+}
+
+/// Writes zeros over the ring, in large writes, and flushes.
+fn preallocate(block: &BlockLayer, geo: Geometry) -> Result<(), LogError> {
+    const CHUNK: u64 = 4 << 20;
+    let start = geo.region_offset + geo.block;
+    let end = start + geo.data_len;
+    let mut at = start;
+    while at < end {
+        let len = CHUNK.min(end - at);
+        block
+            .write(at, AlignedBuf::zeroed(len as usize))
+            .map_err(|source| io_error(format!("preallocating the log at offset {at}"), source))?;
+        at += len;
+    }
+    block
+        .flush()
+        .map_err(|source| io_error("flushing the preallocated log".into(), source))
 }
 
 fn write_durably(

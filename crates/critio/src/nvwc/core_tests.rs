@@ -174,6 +174,7 @@ fn layout() -> Layout {
         capacity,
         block_size: 512,
         queue_depth: 1,
+        allocates_on_first_write: false,
     };
     Layout::new(&cfg, &dev(cfg.cache_device_bytes()), &dev(1 << 20)).unwrap()
 }

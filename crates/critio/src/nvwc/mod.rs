@@ -231,6 +231,9 @@ impl WriteCache {
                 .info()
                 .queue_depth
                 .saturating_add(backing.info().queue_depth),
+            // Writes the cache admits land on the cache device first.
+            allocates_on_first_write: cache.info().allocates_on_first_write
+                || backing.info().allocates_on_first_write,
         };
         let core = Core::new(layout.slots, &opened.placed, opened.next_seq);
         let shared = Arc::new(Shared {

@@ -107,6 +107,7 @@ impl SimDevice {
             capacity: config.capacity,
             block_size: SIM_BLOCK_SIZE,
             queue_depth: model.queue_depth(),
+            allocates_on_first_write: false,
         };
         let state = State {
             model,

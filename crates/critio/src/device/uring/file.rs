@@ -51,6 +51,9 @@ pub(crate) struct OpenFile {
     pub file: File,
     pub capacity: u64,
     pub block_size: u32,
+    /// A regular file (not a block device): its blocks may be allocated
+    /// on their first write.
+    pub regular_file: bool,
 }
 
 impl FileSpec<'_> {
@@ -100,10 +103,12 @@ impl FileSpec<'_> {
         if self.direct {
             self.probe_direct(&file, capacity)?;
         }
+        let regular_file = file.metadata().is_ok_and(|m| m.is_file());
         Ok(OpenFile {
             file,
             capacity,
             block_size,
+            regular_file,
         })
     }
 

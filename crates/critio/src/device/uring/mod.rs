@@ -148,6 +148,7 @@ impl UringDevice {
                 capacity: opened.capacity,
                 block_size: opened.block_size,
                 queue_depth: options.entries,
+                allocates_on_first_write: opened.regular_file,
             },
             state: Mutex::new(state),
             eventfd,
