@@ -2,10 +2,12 @@
 //! tail to the head (FIFO cleaning of a circular log).
 //!
 //! ```text
-//!  clean tail ─> record ─ stripe lock ─ still the key's latest? ─ no ──> dead: skip
-//!                                     └─ yes ─ expired? ─ yes ──> drop the key
-//!                                                       └─ no ───> copy to the head, repoint
-//!  the clean tail moves past it; the space is reusable after the next checkpoint
+//!  clean tail ─> records, gathered in batches (128 records or 128 KiB)
+//!  per batch:  room in the cache? (dirty throttling here, holding no lock)
+//!              ─> the batch's stripes ─ each record still its key's latest? ─ no ──> dead
+//!                                       └─ yes ─ expired? ─ yes ──> drop the key
+//!                                                         └─ no ──> copy (one append), repoint
+//!  the clean tail moves past the batch; its space is reusable after the next checkpoint
 //! ```
 //!
 //! Deletions and FLUSHALL records are dropped: everything older than them
@@ -17,8 +19,8 @@
 //! It runs in the checkpointer when writers' free space falls below
 //! `clean_free_pct`, and as BGREWRITEAOF (the whole log as of its start).
 
-use super::index::Index;
-use super::ops::now_ms;
+use super::index::Loc;
+use super::ops::{now_ms, Held};
 use super::record::{self, Record};
 use super::vlog::{Flow, Who};
 use super::{EngineError, Inner};
@@ -70,21 +72,28 @@ impl Inner {
     }
 
     /// Cleans from the clean tail through the records that start below
-    /// `upto` (at most the head): every live one is copied to the head.
+    /// `upto` (at most the head): every live one is copied to the head, in
+    /// batches (one value-log append and one pass over the stripes each).
     pub(crate) fn clean(&self, upto: u64) -> Result<Cleaned, EngineError> {
         let _one = self.cleaner.lock();
         let (from, head) = self.vlog.boundary();
         let mut done = Cleaned::default();
+        let mut batch = Batch::default();
         let reached = self.vlog.scan(from, head, |addr, r, size| {
             if addr >= upto || self.closing.load(std::sync::atomic::Ordering::SeqCst) {
                 return Ok(Flow::Stop);
             }
             if r.is_value() {
-                self.clean_record(addr, &r, size, &mut done)?;
+                batch.push(addr, &r, size);
             }
             done.bytes += u64::from(size);
+            if batch.full() {
+                self.clean_batch(&mut batch, &mut done)?;
+                self.vlog.cleaned_to(addr + u64::from(size));
+            }
             Ok(Flow::Continue)
         })?;
+        self.clean_batch(&mut batch, &mut done)?;
         self.vlog.cleaned_to(reached);
         let mut bg = self.bg.lock();
         bg.stats.cleaned_records += done.copied;
@@ -92,65 +101,110 @@ impl Inner {
         Ok(done)
     }
 
-    /// Copies the record at `addr` to the head if it is its key's latest.
-    fn clean_record(
-        &self,
-        addr: u64,
-        r: &Record<'_>,
-        size: u32,
-        done: &mut Cleaned,
-    ) -> Result<(), EngineError> {
-        let mut bytes = Vec::with_capacity(size as usize);
-        record::encode(r, &mut bytes);
-        loop {
-            let mut stripe = self.index.lock(Index::stripe_of(r.key));
-            let Some(loc) = stripe.get(r.key).filter(|l| l.addr == addr) else {
-                return Ok(()); // superseded or deleted: dead
-            };
-            if loc.expired(now_ms()) {
-                stripe.set(r.key, None, false);
-                self.vlog.add_live(-i64::from(size));
-                self.index.count(-1);
-                done.expired += 1;
-                return Ok(());
-            }
-            let reserved =
-                self.vlog
-                    .try_reserve(u64::from(size), u64::from(size), 0, Who::Cleaner)?;
-            let Some(mut res) = reserved else {
-                drop(stripe);
-                self.make_room(addr, size)?;
-                continue;
-            };
-            let (addrs, snapshot) = self.vlog.append(&mut res, &bytes, &[size as usize])?;
-            let moved = super::index::Loc {
-                addr: addrs[0],
-                ..loc
-            };
-            stripe.set(r.key, Some(moved), snapshot);
-            done.copied += 1;
+    /// Copies the records of `batch` that are still their keys' latest to
+    /// the head, drops expired keys, and empties the batch.
+    fn clean_batch(&self, batch: &mut Batch, done: &mut Cleaned) -> Result<(), EngineError> {
+        if batch.records.is_empty() {
             return Ok(());
         }
+        // Throttled here, the cleaner holds no lock a request may need.
+        self.cache.balance_dirty()?;
+        loop {
+            let keys: Vec<&[u8]> = batch.records.iter().map(|c| &c.key[..]).collect();
+            let mut held = Held::lock(&self.index, &keys);
+            let now = now_ms();
+            let (mut live, mut bytes, mut sizes) = (Vec::new(), Vec::new(), Vec::new());
+            for c in &batch.records {
+                let stripe = held.of(&c.key);
+                let Some(loc) = stripe.get(&c.key).filter(|l| l.addr == c.addr) else {
+                    continue; // superseded or deleted: dead
+                };
+                if loc.expired(now) {
+                    stripe.set(&c.key, None, false);
+                    self.vlog.add_live(-i64::from(loc.size));
+                    self.index.count(-1);
+                    done.expired += 1;
+                    continue;
+                }
+                live.push((c, loc));
+                bytes.extend_from_slice(&c.bytes);
+                sizes.push(c.bytes.len());
+            }
+            if live.is_empty() {
+                break;
+            }
+            let largest = sizes.iter().copied().max().unwrap_or(0) as u64;
+            let reserved = self
+                .vlog
+                .try_reserve(bytes.len() as u64, largest, 0, Who::Cleaner)?;
+            let Some(mut res) = reserved else {
+                drop(held);
+                self.make_room(batch.records[0].addr, bytes.len() as u64 + largest)?;
+                continue;
+            };
+            let (addrs, snapshot) = self.vlog.append(&mut res, &bytes, &sizes)?;
+            for ((c, loc), addr) in live.iter().zip(addrs) {
+                held.of(&c.key)
+                    .set(&c.key, Some(Loc { addr, ..*loc }), snapshot);
+            }
+            done.copied += live.len() as u64;
+            break;
+        }
+        batch.records.clear();
+        batch.bytes = 0;
+        Ok(())
     }
 
-    /// The log has no room for the cleaner's copy of the record at `addr`:
-    /// a checkpoint makes the space cleaned so far reusable; if that is not
-    /// enough, wait (a snapshot holds the space), or the store is full.
-    fn make_room(&self, addr: u64, size: u32) -> Result<(), EngineError> {
+    /// The log has no room for the cleaner's copies of records from `addr`
+    /// on: a checkpoint makes the space cleaned so far reusable; if that
+    /// is not enough, wait (a snapshot holds the space), or the store is
+    /// full.
+    fn make_room(&self, addr: u64, bytes: u64) -> Result<(), EngineError> {
         self.vlog.cleaned_to(addr);
         self.checkpoint()?;
-        let size = u64::from(size);
-        if self
-            .vlog
-            .try_reserve(size, size, 0, Who::Cleaner)?
-            .is_some()
-        {
+        if self.vlog.try_reserve(bytes, 0, 0, Who::Cleaner)?.is_some() {
             return Ok(());
         }
         if self.vlog.snapshot_running() {
-            self.vlog.wait_for(size, size, Who::Cleaner, || {});
+            self.vlog.wait_for(bytes, 0, Who::Cleaner, || {});
             return Ok(());
         }
         Err(EngineError::NoSpace)
+    }
+}
+
+/// Bytes of records the cleaner copies in one batch.
+const BATCH_BYTES: usize = 128 << 10;
+/// Records in one batch.
+const BATCH_RECORDS: usize = 128;
+
+/// A record the cleaner may copy, with its bytes.
+struct Candidate {
+    addr: u64,
+    key: Vec<u8>,
+    bytes: Vec<u8>,
+}
+
+/// Records gathered for one pass.
+#[derive(Default)]
+struct Batch {
+    records: Vec<Candidate>,
+    bytes: usize,
+}
+
+impl Batch {
+    fn push(&mut self, addr: u64, r: &Record<'_>, size: u32) {
+        let mut bytes = Vec::with_capacity(size as usize);
+        record::encode(r, &mut bytes);
+        self.bytes += bytes.len();
+        self.records.push(Candidate {
+            addr,
+            key: r.key.to_vec(),
+            bytes,
+        });
+    }
+
+    fn full(&self) -> bool {
+        self.bytes >= BATCH_BYTES || self.records.len() >= BATCH_RECORDS
     }
 }

@@ -383,6 +383,26 @@ impl PageCache {
         self.inner.core.lock().frames.drop_clean()
     }
 
+    /// Waits in dirty throttling until the caller's class may dirty a page
+    /// (at once if it may). For a writer about to take locks that others
+    /// need: throttled here, it holds none of them (Linux's
+    /// `balance_dirty_pages`, before the critical section instead of
+    /// inside it). A write may still throttle if others dirtied meanwhile.
+    pub fn balance_dirty(&self) -> Result<(), CacheError> {
+        let allowed = {
+            let core = self.inner.core.lock();
+            self.inner.may_dirty(&core.frames, context::current_class())
+        };
+        if allowed {
+            return Ok(());
+        }
+        self.inner
+            .counters
+            .throttled
+            .fetch_add(1, Ordering::Relaxed);
+        self.inner.throttle_wait()
+    }
+
     /// The counters.
     pub fn stats(&self) -> CacheStats {
         let c = &self.inner.counters;
