@@ -13,7 +13,7 @@ use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
 use clap::{Args, ValueEnum};
-use critio::block::{AutoCapConfig, NoncriticalCap};
+use critio::block::{AutoCapConfig, BlockScheme, NoncriticalCap};
 use critio::device::sim::Profile;
 use critio::device::DeviceSpec;
 use critio_kv::server::{Backend, FileConfig, Server};
@@ -134,7 +134,12 @@ fn defaults_for(kind: DeviceKind) -> FileConfig {
 
 /// One line saying the settings a user most often needs to know, and where
 /// each came from.
-fn describe_settings(f: &FileConfig, base: &FileConfig, kind: DeviceKind) -> String {
+fn describe_settings(
+    f: &FileConfig,
+    base: &FileConfig,
+    kind: DeviceKind,
+    scheme: Scheme,
+) -> String {
     let from = |same: bool| {
         if !same {
             "from --config"
@@ -145,10 +150,17 @@ fn describe_settings(f: &FileConfig, base: &FileConfig, kind: DeviceKind) -> Str
         }
     };
     let cache = f.critio.cache.capacity_bytes;
-    let cap = match f.critio.block.noncritical_cap {
-        NoncriticalCap::Fixed(0) => "unlimited".to_owned(),
-        NoncriticalCap::Fixed(n) => n.to_string(),
-        NoncriticalCap::Auto(a) => format!("adaptive (up to {})", a.max),
+    let effective = scheme.apply(&f.critio);
+    let cap = match (effective.block.scheme, effective.block.noncritical_cap) {
+        (BlockScheme::None, _) => "unlimited, one queue".to_owned(),
+        (_, NoncriticalCap::Fixed(0)) => "unlimited".to_owned(),
+        (_, NoncriticalCap::Fixed(n)) => n.to_string(),
+        (_, NoncriticalCap::Auto(a)) => format!("adaptive (up to {})", a.max),
+    };
+    let cap_from = if effective.block != f.critio.block {
+        format!("scheme {scheme}")
+    } else {
+        from(f.critio.block.noncritical_cap == base.critio.block.noncritical_cap).to_owned()
     };
     format!(
         "critio-kv: page cache {} MiB ({}), checkpoint every {} ms ({}), background I/O at the device {} ({})",
@@ -157,7 +169,7 @@ fn describe_settings(f: &FileConfig, base: &FileConfig, kind: DeviceKind) -> Str
         f.engine.checkpoint_interval_ms,
         from(f.engine.checkpoint_interval_ms == base.engine.checkpoint_interval_ms),
         cap,
-        from(f.critio.block.noncritical_cap == base.critio.block.noncritical_cap),
+        cap_from,
     )
 }
 
@@ -225,7 +237,10 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
         .map_err(|e| format!("cannot handle SIGINT/SIGTERM: {e}"))?;
     let base = defaults_for(args.device);
     let mut file = load_config(args.config.as_deref(), &base)?;
-    println!("{}", describe_settings(&file, &base, args.device));
+    println!(
+        "{}",
+        describe_settings(&file, &base, args.device, args.scheme)
+    );
     if let Some(bind) = &args.bind {
         file.server.bind = bind.clone();
     }
@@ -293,11 +308,19 @@ mod tests {
             file.critio.block.noncritical_cap,
             NoncriticalCap::Auto(_)
         ));
-        let line = describe_settings(&file, &file, DeviceKind::File);
-        assert!(line.contains("real-device default"), "{line}");
+        let line = describe_settings(&file, &file, DeviceKind::File, Scheme::Rcp);
+        assert!(
+            line.contains("adaptive (up to 32) (real-device default)"),
+            "{line}"
+        );
+        let line = describe_settings(&file, &file, DeviceKind::File, Scheme::None);
+        assert!(
+            line.contains("unlimited, one queue (scheme none)"),
+            "{line}"
+        );
         let mine = FileConfig::from_toml_str_over("[engine]\ncheckpoint_interval_ms = 250", &file)
             .unwrap();
-        let line = describe_settings(&mine, &file, DeviceKind::File);
+        let line = describe_settings(&mine, &file, DeviceKind::File, Scheme::Rcp);
         assert!(
             line.contains("checkpoint every 250 ms (from --config)"),
             "{line}"

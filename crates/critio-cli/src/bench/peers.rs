@@ -25,8 +25,12 @@ const START_TIMEOUT: Duration = Duration::from_secs(60);
 const STOP_TIMEOUT: Duration = Duration::from_secs(60);
 /// How often the background loop polls INFO for the end of a job.
 const JOB_POLL: Duration = Duration::from_millis(20);
-/// SETs per pipeline in the preload.
-const PRELOAD_BATCH: u64 = 512;
+/// Keys per MSET in the preload.
+const PRELOAD_MSET_KEYS: u64 = 64;
+/// MSETs per pipeline in the preload.
+const PRELOAD_PIPELINE: u64 = 8;
+/// Connections preloading at once.
+const PRELOAD_CONNECTIONS: usize = 4;
 
 /// Which server.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -175,28 +179,52 @@ impl Peer {
     }
 
     /// Writes keys `key:000000000000`.. (redis-benchmark's `-r` names) with
-    /// values of `value_bytes`, in pipelines.
+    /// values of `value_bytes`: MSETs of [`PRELOAD_MSET_KEYS`] keys,
+    /// pipelined, from [`PRELOAD_CONNECTIONS`] connections.
     pub fn preload(&self, keys: u64, value_bytes: usize, bar: &ProgressBar) -> Result<(), String> {
-        let mut con = self.connect()?;
         let value: Vec<u8> = (0..value_bytes).map(|i| b'a' + (i % 26) as u8).collect();
         bar.set_length(keys);
         bar.set_position(0);
-        let mut first = 0;
-        while first < keys {
-            let last = (first + PRELOAD_BATCH).min(keys);
-            let mut pipe = redis::pipe();
-            for i in first..last {
-                pipe.cmd("SET")
-                    .arg(format!("key:{i:012}"))
-                    .arg(&value)
-                    .ignore();
-            }
-            pipe.query::<()>(&mut con)
-                .map_err(|e| format!("{}: preload: {e}", self.kind.label()))?;
-            bar.set_position(last);
-            first = last;
-        }
-        Ok(())
+        let next = std::sync::atomic::AtomicU64::new(0);
+        let step = PRELOAD_MSET_KEYS * PRELOAD_PIPELINE;
+        std::thread::scope(|s| {
+            let workers: Vec<_> = (0..PRELOAD_CONNECTIONS)
+                .map(|_| {
+                    let (next, value) = (&next, &value);
+                    s.spawn(move || -> Result<(), String> {
+                        let mut con = self.connect()?;
+                        loop {
+                            let first = next.fetch_add(step, Ordering::Relaxed);
+                            if first >= keys {
+                                return Ok(());
+                            }
+                            let last = (first + step).min(keys);
+                            let mut pipe = redis::pipe();
+                            let mut at = first;
+                            while at < last {
+                                let end = (at + PRELOAD_MSET_KEYS).min(last);
+                                let cmd = pipe.cmd("MSET");
+                                for i in at..end {
+                                    cmd.arg(format!("key:{i:012}")).arg(value);
+                                }
+                                cmd.ignore();
+                                at = end;
+                            }
+                            pipe.query::<()>(&mut con)
+                                .map_err(|e| format!("{}: preload: {e}", self.kind.label()))?;
+                            bar.inc(last - first);
+                        }
+                    })
+                })
+                .collect();
+            workers
+                .into_iter()
+                .map(|w| {
+                    w.join()
+                        .map_err(|_| "a preload thread panicked".to_owned())?
+                })
+                .collect::<Result<(), String>>()
+        })
     }
 
     /// The INFO text.
