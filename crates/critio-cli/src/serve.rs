@@ -228,6 +228,9 @@ fn open_store(args: &ServeArgs, file: FileConfig) -> Result<(Stack, StackConfig,
         cfg.scheme
     );
     let stack = Stack::open(&cfg).map_err(|e| format!("cannot open the store: {e}"))?;
+    for note in &stack.notes {
+        println!("critio-kv: note: {note}");
+    }
     Ok((stack, cfg, dir))
 }
 

@@ -92,6 +92,12 @@ impl Scheme {
         c.block.scheme = block;
         c.cache.dirty_limits = dirty_limits;
         c.sync.inheritance = inheritance;
+        // Background threads yield the CPU only where a scheme classifies
+        // by task (static: without inheritance, a background lock holder
+        // a request waits for stays slow; rcp: it runs at full speed).
+        if !matches!(self, Scheme::Static | Scheme::Rcp) {
+            c.context.background_nice = 0;
+        }
         if self == Scheme::KernelIdle {
             // An idle-class queue: no cap on background at the device.
             c.block.noncritical_cap = NoncriticalCap::Fixed(0);
@@ -203,6 +209,9 @@ pub struct Stack {
     pub engine: Arc<Engine>,
     /// The configuration in force (with the scheme applied).
     pub config: Config,
+    /// What could not be set up as configured, and what was done instead
+    /// (for the operator; the store works either way).
+    pub notes: Vec<String>,
 }
 
 impl Stack {
@@ -249,6 +258,10 @@ impl Stack {
         if config.context.kernel_mirror {
             critio::context::set_kernel_mirror(Some(ClassPriorities::LEVELS));
         }
+        let mut notes = Vec::new();
+        if let Err(why) = critio::context::set_background_nice(config.context.background_nice) {
+            notes.push(format!("context.background_nice: {why}"));
+        }
         let block = Arc::new(
             BlockLayer::new(device.clone(), config.block)
                 .map_err(|e| EngineError::Config(e.to_string()))?,
@@ -273,6 +286,7 @@ impl Stack {
             cache,
             engine,
             config,
+            notes,
         })
     }
 }

@@ -9,6 +9,7 @@
 //! ```toml
 //! [context]
 //! kernel_mirror = false    # mirror each thread's class into ioprio_set
+//! background_nice = 10     # CPU nice of background threads while non-critical
 //!
 //! [sync]
 //! inheritance = true       # owners/helpers inherit from critical waiters
@@ -63,7 +64,7 @@ pub struct Config {
 }
 
 /// The `context` section.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ContextConfig {
     /// Mirror each thread's effective class into the kernel with
@@ -71,6 +72,22 @@ pub struct ContextConfig {
     /// so the kernel's own I/O for the thread is prioritized too. Default:
     /// false.
     pub kernel_mirror: bool,
+    /// The CPU nice value of threads marked background
+    /// ([`crate::context::set_background`]) while they are non-critical;
+    /// they run at nice 0 while they inherit criticality (so a lock holder
+    /// a request waits for is never slowed). 0 turns it off. Default 10:
+    /// a background thread gets about a tenth of a CPU a request thread
+    /// wants, and all of an idle one. Range 0..=19.
+    pub background_nice: i32,
+}
+
+impl Default for ContextConfig {
+    fn default() -> Self {
+        Self {
+            kernel_mirror: false,
+            background_nice: 10,
+        }
+    }
 }
 
 /// The `sync` section.
@@ -131,6 +148,14 @@ pub enum ConfigError {
 impl Config {
     /// Checks every field; the error names the first bad one.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        let nice = self.context.background_nice;
+        if !(0..=19).contains(&nice) {
+            return Err(ConfigError::Invalid {
+                field: "context.background_nice",
+                value: nice.to_string(),
+                allowed: "must be within 0..=19 (0: off)".into(),
+            });
+        }
         let window = self.sync.helper_window_ms;
         if !HELPER_WINDOW_MS_RANGE.contains(&window) {
             return Err(ConfigError::Invalid {

@@ -217,13 +217,10 @@ impl Peer {
                     })
                 })
                 .collect();
-            workers
-                .into_iter()
-                .map(|w| {
-                    w.join()
-                        .map_err(|_| "a preload thread panicked".to_owned())?
-                })
-                .collect::<Result<(), String>>()
+            workers.into_iter().try_for_each(|w| {
+                w.join()
+                    .map_err(|_| "a preload thread panicked".to_owned())?
+            })
         })
     }
 

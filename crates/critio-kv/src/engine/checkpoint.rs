@@ -485,6 +485,7 @@ impl Inner {
     /// and checkpoints every `checkpoint_interval_ms`, when the WAL is
     /// `checkpoint_log_pct` full, or when asked.
     fn checkpointer(self: Arc<Self>) {
+        context::set_background();
         self.log.register_space_helper(context::current());
         self.vlog.register_space_helper(context::current());
         let interval = Duration::from_millis(self.cfg.checkpoint_interval_ms);
@@ -543,6 +544,7 @@ impl Inner {
         std::thread::Builder::new()
             .name(name.into())
             .spawn(move || {
+                context::set_background();
                 let result = match range {
                     Some(range) => self.snapshot(range),
                     None => self.rewrite(),

@@ -179,6 +179,7 @@ impl Inner {
 
     /// The writeback thread's body.
     pub(crate) fn writeback_loop(self: Arc<Self>) {
+        context::set_background();
         let most = (self.cfg.writeback_batch_pages * self.cfg.writeback_inflight) as usize;
         loop {
             let runs = {

@@ -1,13 +1,25 @@
-//! Optional: mirror each thread's effective class into the kernel with
-//! `ioprio_set`, so I/O the kernel issues on the thread's behalf (buffered
-//! writes, page-cache misses of the application itself) is prioritized too.
-//! Off by default (`context.kernel_mirror` in the config).
+//! Mirrors of each thread's effective class into the kernel, so the
+//! kernel's own work for a thread follows its class too:
+//!
+//! - **I/O priority** (optional, `context.kernel_mirror`, off by default):
+//!   `ioprio_set`, so I/O the kernel issues on the thread's behalf
+//!   (buffered writes, page-cache misses of the application itself) is
+//!   prioritized too.
+//! - **CPU** (`context.background_nice`, 10 by default): a thread the
+//!   application marks background ([`set_background`]: a checkpointer, a
+//!   snapshot, a cleaner, writeback) runs at that nice value while it is
+//!   non-critical, and at nice 0 while it inherits criticality. On a busy
+//!   machine background work then takes the CPU requests leave idle,
+//!   while a background thread a request waits for (a lock it holds, an
+//!   I/O it submits) runs at full speed: static CPU priorities would leave
+//!   that request waiting on a starved thread; inheritance does not.
 //!
 //! ```text
 //!   class flip (foreground, inherit, revoke) ──> chain walk ──> ioprio_set(tid, prio of class)
+//!                                                          └──> setpriority(tid, 0 | background_nice)
 //! ```
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::RwLock;
 
 use super::task::Task;
@@ -15,6 +27,84 @@ use crate::device::uring::{set_thread_ioprio_or_fallback, ClassPriorities};
 
 static ON: AtomicBool = AtomicBool::new(false);
 static PRIORITIES: RwLock<Option<ClassPriorities>> = RwLock::new(None);
+static BACKGROUND_NICE: AtomicI32 = AtomicI32::new(0);
+
+/// Sets the nice value of background threads while non-critical (0: off),
+/// after checking that a thread lowered to it can be raised back to 0
+/// (without `CAP_SYS_NICE` or an `RLIMIT_NICE` allowing it, it cannot: then
+/// the CPU mirror stays off and the error says why). Threads already marked
+/// are re-mirrored.
+pub fn set_background_nice(nice: i32) -> Result<(), String> {
+    assert!((0..=19).contains(&nice), "nice {nice} outside 0..=19");
+    if nice > 0 {
+        let probe = std::thread::spawn(move || -> Result<(), String> {
+            let me = Some(
+                rustix::process::Pid::from_raw(rustix::thread::gettid().as_raw_nonzero().get())
+                    .expect("a tid is a pid"),
+            );
+            rustix::process::setpriority_process(me, nice)
+                .map_err(|e| format!("cannot lower a thread's CPU priority: {e}"))?;
+            rustix::process::setpriority_process(me, 0).map_err(|e| {
+                format!(
+                    "cannot raise a thread's CPU priority back (needs CAP_SYS_NICE or RLIMIT_NICE >= 20): {e}; \
+                     background threads keep the normal CPU priority"
+                )
+            })
+        });
+        if let Err(why) = probe
+            .join()
+            .unwrap_or_else(|_| Err("the probe thread panicked".into()))
+        {
+            BACKGROUND_NICE.store(0, Ordering::SeqCst);
+            return Err(why);
+        }
+    }
+    BACKGROUND_NICE.store(nice, Ordering::SeqCst);
+    for task in super::registry::all() {
+        mirror_cpu(&task);
+    }
+    Ok(())
+}
+
+/// The background nice value in force (0: off).
+pub fn background_nice() -> i32 {
+    BACKGROUND_NICE.load(Ordering::SeqCst)
+}
+
+/// Marks the current thread as background work: while it is non-critical
+/// it runs at the background nice value (if on). A wrong call never
+/// changes correctness, only how fast the thread runs when nothing critical
+/// depends on it.
+pub fn set_background() {
+    let task = super::current();
+    {
+        let mut nice = task.nice().lock();
+        if nice.is_none() {
+            *nice = Some(0);
+        }
+    }
+    mirror_cpu(&task);
+}
+
+/// Applies `task`'s CPU nice for its class now, if it is marked background.
+fn mirror_cpu(task: &Task) {
+    let mut applied = task.nice().lock();
+    let Some(old) = *applied else { return };
+    let want = if task.is_critical() {
+        0
+    } else {
+        background_nice()
+    };
+    if want == old {
+        return;
+    }
+    let pid = rustix::process::Pid::from_raw(task.os_tid());
+    // Best effort: a thread that exited, or a refused raise, changes only
+    // speed (set_background_nice checked that raising works).
+    if rustix::process::setpriority_process(pid, want).is_ok() {
+        *applied = Some(want);
+    }
+}
 
 /// Turns the mirror on with `priorities` (or off with `None`). Turning it on
 /// sets every registered thread's kernel priority at once.
@@ -37,6 +127,7 @@ pub fn kernel_mirror() -> Option<ClassPriorities> {
 /// effort: a thread that exited or a refused class is not an error here
 /// (a refused real-time class falls back to best-effort 0).
 pub(crate) fn mirror(task: &Task) {
+    mirror_cpu(task);
     if !ON.load(Ordering::Relaxed) {
         return;
     }
@@ -48,6 +139,56 @@ pub(crate) fn mirror(task: &Task) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn nice_of(tid: i32) -> i32 {
+        rustix::process::getpriority_process(Some(rustix::process::Pid::from_raw(tid).unwrap()))
+            .unwrap()
+    }
+
+    #[test]
+    fn a_background_thread_runs_at_full_speed_while_a_request_waits_for_it() {
+        use crate::sync::Mutex;
+        use std::sync::{mpsc, Arc};
+        if let Err(why) = set_background_nice(10) {
+            eprintln!("skipped: {why}");
+            return;
+        }
+        let lock = Arc::new(Mutex::named("t-cpu-mirror", ()));
+        let (held_tx, held_rx) = mpsc::channel();
+        let (go_tx, go_rx) = mpsc::channel::<()>();
+        let bg = {
+            let lock = lock.clone();
+            std::thread::spawn(move || {
+                set_background();
+                let tid = crate::context::current().os_tid();
+                let guard = lock.lock();
+                held_tx.send((tid, nice_of(tid))).unwrap();
+                go_rx.recv().unwrap(); // a foreground waiter is queued now
+                let boosted = nice_of(tid);
+                drop(guard);
+                (boosted, nice_of(tid))
+            })
+        };
+        let (tid, idle) = held_rx.recv().unwrap();
+        let fg = {
+            let lock = lock.clone();
+            std::thread::spawn(move || {
+                crate::context::set_foreground();
+                drop(lock.lock());
+            })
+        };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while nice_of(tid) != 0 && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        go_tx.send(()).unwrap();
+        let (boosted, after) = bg.join().unwrap();
+        fg.join().unwrap();
+        set_background_nice(0).unwrap();
+        assert_eq!(idle, 10, "non-critical: the background nice");
+        assert_eq!(boosted, 0, "inheriting: full speed");
+        assert_eq!(after, 10, "revoked: background again");
+    }
     use crate::context;
     use crate::device::uring::{thread_ioprio, IoPriority};
 

@@ -39,7 +39,9 @@ pub use blocking::{Blocker, BlockingStatus, WaitScope};
 pub(crate) use inherit::propagate;
 pub use inherit::{InheritKind, CHAIN_DEPTH_MAX};
 #[cfg(not(loom))]
-pub use mirror::{kernel_mirror, set_kernel_mirror};
+pub use mirror::{
+    background_nice, kernel_mirror, set_background, set_background_nice, set_kernel_mirror,
+};
 pub use registry::{lookup, registered_count};
 pub use task::{Class, Task, TaskId, TaskRef};
 

@@ -86,6 +86,9 @@ pub struct Task {
     crit: AtomicU64,
     thread: thread::Thread,
     blocking: SideMutex<Option<Blocking>>,
+    /// For a thread marked background: the CPU nice value last applied to
+    /// it (see `mirror.rs`); None for every other thread.
+    nice: parking_lot::Mutex<Option<i32>>,
 }
 
 impl Task {
@@ -99,7 +102,13 @@ impl Task {
             crit: AtomicU64::new(0),
             thread: current,
             blocking: SideMutex::new(None),
+            nice: parking_lot::Mutex::new(None),
         }
+    }
+
+    /// The CPU nice state of a thread marked background (None: not one).
+    pub(crate) fn nice(&self) -> &parking_lot::Mutex<Option<i32>> {
+        &self.nice
     }
 
     /// The task's stable id.
