@@ -279,6 +279,12 @@ fn block(s: &Shared, out: &mut String) {
     kv(out, "block_starvation_dispatches", k.starvation_dispatches);
     kv(out, "block_anticipation_holds", k.anticipation_holds);
     kv(out, "block_noncritical_cap", st.noncritical_cap);
+    kv(
+        out,
+        "block_noncritical_pacing_mib_s",
+        st.pacing_mib_s
+            .map_or("off".to_owned(), |r| format!("{r:.1}")),
+    );
 }
 
 fn cache(s: &Shared, out: &mut String) {

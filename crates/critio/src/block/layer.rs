@@ -245,7 +245,12 @@ impl BlockLayer {
     pub fn stats(&self) -> BlockStats {
         let mut core = self.inner.core.lock();
         let Core { sched, stats, .. } = &mut *core;
-        stats.snapshot(sched.counters(), sched.noncritical_cap(), sched.cap_view())
+        stats.snapshot(
+            sched.counters(),
+            sched.noncritical_cap(),
+            sched.cap_view(),
+            sched.pacing_rate(),
+        )
     }
 
     /// Where an outstanding request is.

@@ -323,7 +323,8 @@ impl<P> Scheduler<P> {
             .cap
             .limit(now)
             .is_none_or(|limit| self.inflight[NONCRIT] < limit);
-        let nc_ready = !self.queues[NONCRIT].is_empty() && nc_room;
+        let nc_head = self.noncritical_head_bytes();
+        let nc_ready = nc_head.is_some_and(|bytes| nc_room && self.cap.paced_ok(bytes, now));
         // The starvation timer may override a cap probe, never a cap that a
         // non-critical request at the device already fills: that one is the
         // background's progress.
@@ -346,6 +347,12 @@ impl<P> Scheduler<P> {
             return Some(NONCRIT);
         }
         None
+    }
+
+    /// The size of the first queued non-critical request.
+    fn noncritical_head_bytes(&self) -> Option<u64> {
+        let &(id, _) = self.queues[NONCRIT].front()?;
+        Some(self.reqs.get(&id).map_or(0, |e| e.info.len))
     }
 
     /// How long non-critical work has gone without a dispatch: since the
@@ -376,11 +383,12 @@ impl<P> Scheduler<P> {
             .pop_front()
             .expect("queue checked non-empty");
         let nc_inflight = self.inflight[NONCRIT];
-        if lane == NONCRIT {
-            self.last_nc_dispatch = now;
-        }
         self.inflight[lane] += 1;
         let e = self.reqs.get_mut(&id).expect("queued request is known");
+        if lane == NONCRIT {
+            self.last_nc_dispatch = now;
+            self.cap.on_noncritical_dispatch(e.info.len, now);
+        }
         debug_assert_eq!(e.loc, Location::Queued);
         e.loc = Location::AtDevice;
         e.dispatched = now;
@@ -407,10 +415,10 @@ impl<P> Scheduler<P> {
         }
         let device_time = now.saturating_sub(e.dispatched);
         if lane == NONCRIT {
-            self.cap.on_noncritical_complete(now);
+            self.cap.on_noncritical_complete(e.info.len, now);
         } else if self.cfg.classes {
             self.cap
-                .on_critical_complete(device_time, e.nc_at_dispatch, now);
+                .on_critical_complete(device_time, e.nc_at_dispatch, e.dispatched, now);
             if self.cfg.anticipation > 0 {
                 self.anticipate_until = Some(now + self.cfg.anticipation);
             }
@@ -477,12 +485,12 @@ impl<P> Scheduler<P> {
     }
 
     /// When the core next wants to be asked to dispatch although nothing
-    /// else happens (an anticipation window or a cap probe ending).
+    /// else happens (an anticipation window or a cap probe ending, or
+    /// pacing letting the next background request go).
     pub fn next_timer(&self, now: Nanos) -> Option<Nanos> {
-        if self.queues[NONCRIT].is_empty() {
-            return None;
-        }
-        [self.anticipate_until, self.cap.probe_deadline()]
+        let bytes = self.noncritical_head_bytes()?;
+        let paced = self.cap.pace_deadline(bytes, now);
+        [self.anticipate_until, self.cap.probe_deadline(), paced]
             .into_iter()
             .flatten()
             .filter(|&t| t > now)
@@ -545,6 +553,12 @@ impl<P> Scheduler<P> {
     /// The current non-critical cap (u32::MAX when unlimited).
     pub fn noncritical_cap(&self) -> u32 {
         self.cap.current()
+    }
+
+    /// The background rate the adaptive cap's pacing allows, in bytes/s
+    /// (None: unpaced).
+    pub fn pacing_rate(&self) -> Option<f64> {
+        self.cap.rate()
     }
 
     /// The core's counters.

@@ -70,6 +70,7 @@ impl StatsAcc {
         counters: SchedCounters,
         noncritical_cap: u32,
         cap_view: (Option<f64>, Option<f64>),
+        pacing: Option<f64>,
     ) -> BlockStats {
         let mut class = |cl: Class| {
             let c = &mut self.classes[cl.index()];
@@ -88,6 +89,7 @@ impl StatsAcc {
             noncritical_cap,
             auto_clean_us: cap_view.0.map(|ns| ns / 1000.0),
             auto_mixed_us: cap_view.1.map(|ns| ns / 1000.0),
+            pacing_mib_s: pacing.map(|b| b / f64::from(1 << 20)),
         }
     }
 }
@@ -123,6 +125,9 @@ pub struct BlockStats {
     /// The adaptive cap's last windowed mean of critical device latency
     /// with background at the device, µs.
     pub auto_mixed_us: Option<f64>,
+    /// The background rate the adaptive cap's pacing allows now, MiB/s
+    /// (None: unpaced).
+    pub pacing_mib_s: Option<f64>,
 }
 
 impl BlockStats {
