@@ -88,6 +88,7 @@ pub struct Task {
     blocking: SideMutex<Option<Blocking>>,
     /// For a thread marked background: the CPU nice value last applied to
     /// it (see `mirror.rs`); None for every other thread.
+    #[cfg_attr(loom, allow(dead_code))]
     nice: parking_lot::Mutex<Option<i32>>,
 }
 
@@ -107,6 +108,7 @@ impl Task {
     }
 
     /// The CPU nice state of a thread marked background (None: not one).
+    #[cfg_attr(loom, allow(dead_code))] // the mirror is not built under loom
     pub(crate) fn nice(&self) -> &parking_lot::Mutex<Option<i32>> {
         &self.nice
     }
