@@ -110,14 +110,14 @@ const CLEAN_ALPHA: f64 = 0.2;
 #[derive(Clone, Debug)]
 pub(crate) enum CapState {
     Fixed(u32),
-    Auto(AutoCap),
+    Auto(Box<AutoCap>),
 }
 
 impl CapState {
     pub(crate) fn new(cap: NoncriticalCap) -> Self {
         match cap {
             NoncriticalCap::Fixed(n) => CapState::Fixed(n),
-            NoncriticalCap::Auto(cfg) => CapState::Auto(AutoCap::new(cfg)),
+            NoncriticalCap::Auto(cfg) => CapState::Auto(Box::new(AutoCap::new(cfg))),
         }
     }
 
@@ -149,6 +149,14 @@ impl CapState {
     ) {
         if let CapState::Auto(a) = self {
             a.on_critical_complete(latency, nc_at_dispatch, dispatched, now);
+        }
+    }
+
+    /// A critical write of `bytes` completed (the pacing floor follows the
+    /// critical write rate).
+    pub(crate) fn on_critical_written(&mut self, bytes: u64) {
+        if let CapState::Auto(a) = self {
+            a.crit_written += bytes;
         }
     }
 
@@ -267,9 +275,13 @@ pub(crate) struct AutoCap {
     cap: u32,
     pace: Pace,
     /// Non-critical bytes completed since `nc_since` (the throughput the
-    /// first pacing rate starts from).
+    /// first pacing rate starts from), and critical bytes written.
     nc_bytes: u64,
+    crit_written: u64,
     nc_since: Nanos,
+    /// Twice the critical write rate of the last decision, in bytes/s: the
+    /// pacing floor (see `floor`).
+    crit_floor: f64,
     last_nc_complete: Option<Nanos>,
     clean: Option<f64>,
     mixed_sum: f64,
@@ -291,7 +303,9 @@ impl AutoCap {
             cap: 1,
             pace: Pace::default(),
             nc_bytes: 0,
+            crit_written: 0,
             nc_since: 0,
+            crit_floor: 0.0,
             last_nc_complete: None,
             clean: None,
             mixed_sum: 0.0,
@@ -369,17 +383,27 @@ impl AutoCap {
         self.reset_window();
     }
 
-    /// Background throughput since the last decision, in bytes/s.
+    /// Background throughput since the last decision, in bytes/s (and the
+    /// floor updated from the critical write rate over the same time).
     fn nc_throughput(&mut self, now: Nanos) -> f64 {
         let secs = now.saturating_sub(self.nc_since).max(MS) as f64 / 1e9;
         let rate = self.nc_bytes as f64 / secs;
+        self.crit_floor = 2.0 * self.crit_written as f64 / secs;
         self.nc_bytes = 0;
+        self.crit_written = 0;
         self.nc_since = now;
         rate
     }
 
+    /// The lowest rate pacing sets: `min_rate_mib_s`, and at least twice
+    /// the rate at which critical requests write. What requests write
+    /// (a log's records) is mostly written again in the background (the
+    /// data those records describe, by writeback and checkpoints); paced
+    /// below that rate, the background falls behind until the requests
+    /// wait for it (a full log, dirty limits), through inheritance but
+    /// late.
     fn min_rate(&self) -> f64 {
-        (self.cfg.min_rate_mib_s << 20) as f64
+        ((self.cfg.min_rate_mib_s << 20) as f64).max(self.crit_floor)
     }
 
     /// Critical latency stays near the baseline: more background.
@@ -583,19 +607,41 @@ mod tests {
             "never below the floor"
         );
         // At 8 MiB/s a 1 MiB request waits until the bucket holds it.
-        let mut state = CapState::Auto(match c {
-            CapState::Auto(a) => a,
-            CapState::Fixed(_) => unreachable!(),
-        });
-        state.on_noncritical_dispatch(1 << 20, now);
-        assert!(!state.paced_ok(1 << 20, now));
-        let at = state.pace_deadline(1 << 20, now).expect("held");
+        c.on_noncritical_dispatch(1 << 20, now);
+        assert!(!c.paced_ok(1 << 20, now));
+        let at = c.pace_deadline(1 << 20, now).expect("held");
         assert!(
             at > now && at <= now + 130 * MS,
             "256 KiB at 8 MiB/s: {}",
             at - now
         );
-        assert!(state.paced_ok(1 << 20, at));
+        assert!(c.paced_ok(1 << 20, at));
+    }
+
+    /// Requests writing 64 KiB per ms (a log's records, ~62 MiB/s) raise
+    /// the floor to twice that rate: pacing never starves the background
+    /// below what it must write back for them.
+    #[test]
+    fn the_pacing_floor_follows_the_critical_write_rate() {
+        let mut c = auto();
+        let mut now = 0;
+        for _ in 0..4 {
+            now += MS;
+            c.on_critical_complete(MS, 0, 0, now);
+        }
+        for _ in 0..12 {
+            for _ in 0..16 {
+                now += MS;
+                c.on_noncritical_complete(400 * 1024, now);
+                c.on_critical_written(64 * 1024);
+                c.on_critical_complete(3 * MS, 0, now, now);
+            }
+        }
+        let floor = c.rate().expect("paced") / f64::from(1 << 20);
+        assert!(
+            (100.0..=140.0).contains(&floor),
+            "twice 62.5 MiB/s, not the configured 8: {floor}"
+        );
     }
 
     #[test]

@@ -417,6 +417,9 @@ impl<P> Scheduler<P> {
         if lane == NONCRIT {
             self.cap.on_noncritical_complete(e.info.len, now);
         } else if self.cfg.classes {
+            if e.info.op == Op::Write {
+                self.cap.on_critical_written(e.info.len);
+            }
             self.cap
                 .on_critical_complete(device_time, e.nc_at_dispatch, e.dispatched, now);
             if self.cfg.anticipation > 0 {
