@@ -535,7 +535,12 @@ impl Inner {
             *running = true;
         }
         // A snapshot is of the moment BGSAVE is called, like Redis's fork.
-        let range = snapshot.then(|| self.vlog.begin_snapshot());
+        // Under the epoch lock no append is copying: every record the
+        // snapshot reads is whole.
+        let range = snapshot.then(|| {
+            let _epoch = self.epoch.write();
+            self.vlog.begin_snapshot()
+        });
         let name = if snapshot {
             "kv-bgsave"
         } else {

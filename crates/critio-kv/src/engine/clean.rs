@@ -2,7 +2,7 @@
 //! tail to the head (FIFO cleaning of a circular log).
 //!
 //! ```text
-//!  clean tail ─> records, gathered in batches (128 records or 128 KiB)
+//!  clean tail ─> records, gathered in batches (32 records or 32 KiB)
 //!  per batch:  room in the cache? (dirty throttling here, holding no lock)
 //!              ─> the batch's stripes ─ each record still its key's latest? ─ no ──> dead
 //!                                       └─ yes ─ expired? ─ yes ──> drop the key
@@ -76,7 +76,12 @@ impl Inner {
     /// batches (one value-log append and one pass over the stripes each).
     pub(crate) fn clean(&self, upto: u64) -> Result<Cleaned, EngineError> {
         let _one = self.cleaner.lock();
-        let (from, head) = self.vlog.boundary();
+        // Under the epoch lock no append is copying: every record below the
+        // head is whole.
+        let (from, head) = {
+            let _epoch = self.epoch.write();
+            self.vlog.boundary()
+        };
         let mut done = Cleaned::default();
         let mut batch = Batch::default();
         let reached = self.vlog.scan(from, head, |addr, r, size| {
@@ -142,6 +147,7 @@ impl Inner {
                 self.make_room(batch.records[0].addr, bytes.len() as u64 + largest)?;
                 continue;
             };
+            let _epoch = self.epoch.read(); // appends hold it, like writers
             let (addrs, snapshot) = self.vlog.append(&mut res, &bytes, &sizes)?;
             for ((c, loc), addr) in live.iter().zip(addrs) {
                 held.of(&c.key)
@@ -174,9 +180,9 @@ impl Inner {
 }
 
 /// Bytes of records the cleaner copies in one batch.
-const BATCH_BYTES: usize = 128 << 10;
+const BATCH_BYTES: usize = 32 << 10;
 /// Records in one batch.
-const BATCH_RECORDS: usize = 128;
+const BATCH_RECORDS: usize = 32;
 
 /// A record the cleaner may copy, with its bytes.
 struct Candidate {

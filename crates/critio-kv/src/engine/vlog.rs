@@ -20,10 +20,14 @@
 //!   Writers stop [`CLEANER_RESERVE_PCT`] short of that, so the cleaner
 //!   always has room to relocate; and writes that would make the live data
 //!   exceed `live_max_pct` of the region fail (the store is full).
-//! - **Order**: every change of the index appends a record under the same
-//!   lock, so the log order of a key's records is the order of its changes,
-//!   and a snapshot knows whether a change came before it started (its
-//!   record is below the snapshot's end) or after.
+//! - **Order**: every change of the index appends a record: placed under
+//!   the log's lock (which also makes the pages it starts present), copied
+//!   after it, under the key's stripe lock and the engine's epoch lock
+//!   (shared). So the log order of a key's records is the order of its
+//!   changes, a snapshot knows whether a change came before it started (its
+//!   record is below the snapshot's end) or after, and whoever takes the
+//!   epoch lock exclusively (a checkpoint, a snapshot or cleaning starting)
+//!   sees every record below the head whole.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -257,33 +261,54 @@ impl Vlog {
         sizes: &[usize],
     ) -> Result<(Vec<u64>, bool), EngineError> {
         assert_eq!(sizes.iter().sum::<usize>(), bytes.len());
-        let st = self.state.lock();
-        let start = self.head.load(Ordering::SeqCst);
-        let mut head = start;
-        let mut addrs = Vec::with_capacity(sizes.len());
-        let (mut span_from, mut at) = (0, 0);
-        for &size in sizes {
-            let phys = head % self.region;
-            if phys + size as u64 > self.region {
-                self.write(head - (at - span_from) as u64, &bytes[span_from..at])?;
-                self.write(head, &record::pad())?;
-                head += self.region - phys;
-                span_from = at;
+        // Under the lock: place the records, make the pages they start
+        // present (zeroed, never read), move the head. The bytes are copied
+        // after, without the lock: appenders on other keys copy at once.
+        let (addrs, spans, snapshot) = {
+            let st = self.state.lock();
+            let start = self.head.load(Ordering::SeqCst);
+            let mut head = start;
+            let mut addrs = Vec::with_capacity(sizes.len());
+            let mut spans = Vec::with_capacity(2);
+            let (mut span_from, mut at) = (0, 0);
+            for &size in sizes {
+                let phys = head % self.region;
+                if phys + size as u64 > self.region {
+                    spans.push((head - (at - span_from) as u64, span_from..at));
+                    self.prepare(head, PAD_BYTES as u64)?;
+                    self.write(head, &record::pad())?;
+                    head += self.region - phys;
+                    span_from = at;
+                }
+                addrs.push(head);
+                head += size as u64;
+                at += size;
             }
-            addrs.push(head);
-            head += size as u64;
-            at += size;
+            spans.push((head - (at - span_from) as u64, span_from..at));
+            for (addr, range) in &spans {
+                self.prepare(*addr, range.len() as u64)?;
+            }
+            let used = head - start;
+            assert!(used <= res.bytes, "appended past the reservation");
+            assert!(head <= self.limit(Who::Cleaner), "the log overran its tail");
+            // Head first, then the reservation: a reader of both never sees
+            // less than the true sum.
+            self.head.store(head, Ordering::SeqCst);
+            self.reserved.fetch_sub(used, Ordering::SeqCst);
+            res.bytes -= used;
+            (addrs, spans, st.snapshot.is_some())
+        };
+        for (addr, range) in spans {
+            self.write(addr, &bytes[range])?;
         }
-        self.write(head - (at - span_from) as u64, &bytes[span_from..at])?;
-        let used = head - start;
-        assert!(used <= res.bytes, "appended past the reservation");
-        assert!(head <= self.limit(Who::Cleaner), "the log overran its tail");
-        // Head first, then the reservation: a reader of both never sees
-        // less than the true sum.
-        self.head.store(head, Ordering::SeqCst);
-        self.reserved.fetch_sub(used, Ordering::SeqCst);
-        res.bytes -= used;
-        Ok((addrs, st.snapshot.is_some()))
+        Ok((addrs, snapshot))
+    }
+
+    fn prepare(&self, addr: u64, len: u64) -> Result<(), EngineError> {
+        debug_assert!(addr % self.region + len <= self.region);
+        Ok(self
+            .cache
+            .prepare_appending(self.file, addr % self.region, len)?)
     }
 
     fn write(&self, addr: u64, bytes: &[u8]) -> Result<(), EngineError> {
@@ -291,9 +316,7 @@ impl Vlog {
             return Ok(());
         }
         debug_assert!(addr % self.region + bytes.len() as u64 <= self.region);
-        Ok(self
-            .cache
-            .write_appending(self.file, addr % self.region, bytes)?)
+        Ok(self.cache.write(self.file, addr % self.region, bytes)?)
     }
 
     /// Reads the record at `addr` of `size` bytes through the cache.

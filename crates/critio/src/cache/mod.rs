@@ -283,6 +283,29 @@ impl PageCache {
         self.write_pages(file, offset, data, true)
     }
 
+    /// Prepares `[offset, offset + len)` of a file written like a log for
+    /// writes that may come in any order: every page that starts in the
+    /// range and is not cached is made present, zeroed and dirty (so it is
+    /// never read from the device, and what is written into it is kept
+    /// even if it is written back and evicted before the rest arrives).
+    /// The caller promises what [`PageCache::write_appending`] does, for
+    /// the whole range, and serializes preparations (a log's append lock);
+    /// the writes themselves then need no lock of the caller's.
+    pub fn prepare_appending(&self, file: FileId, offset: u64, len: u64) -> Result<(), CacheError> {
+        if len == 0 {
+            return Ok(());
+        }
+        let page = self.inner.page as u64;
+        let mut at = offset.div_ceil(page) * page;
+        while at < offset + len {
+            let key = self.inner.pages(file, at, 1)?[0].0;
+            self.inner
+                .access(key, true, |core, i| self.inner.write_page(core, i, 0, &[]))?;
+            at += page;
+        }
+        Ok(())
+    }
+
     fn write_pages(
         &self,
         file: FileId,

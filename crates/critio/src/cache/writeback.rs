@@ -52,8 +52,8 @@ impl Inner {
     /// into runs of contiguous pages of one file (page order), marks every
     /// page under writeback in the order given, so the writeback line (what
     /// a task short of frames waits for) keeps the dirtying order, then
-    /// copies each run into one buffer, letting the lock go between runs:
-    /// no lock hold copies more than one run. A page under writeback stays
+    /// copies each run into one buffer, letting waiters take the lock
+    /// between pages: no lock hold copies more than one page. A page under writeback stays
     /// in its frame; one written between its mark and its copy is copied
     /// with the newer bytes and stays dirty (its write sequence is past the
     /// one the run records).
@@ -91,12 +91,10 @@ impl Inner {
             let (r, p) = run_of[&i];
             runs[r].pages[p].1 = core.frames.begin_writeback(i, runs[r].pending.clone());
         }
-        for (n, run) in runs.iter_mut().enumerate() {
-            if n > 0 {
-                MutexGuard::bump(core);
-            }
+        for run in &mut runs {
             let mut buf = AlignedBuf::zeroed(run.pages.len() * self.page);
             for (k, &(i, _)) in run.pages.iter().enumerate() {
+                MutexGuard::bump(core);
                 buf.as_mut_slice()[k * self.page..(k + 1) * self.page]
                     .copy_from_slice(core.frames.data(i));
             }
