@@ -28,7 +28,10 @@
 //! while clean latency cannot be kept. The rate never falls below
 //! `min_rate_mib_s`, and the block layer's starvation timer sends a
 //! background request every period whatever the pacing says: background
-//! work always progresses.
+//! work always progresses. Pacing counts background writes only: a read
+//! leaves nothing in the write cache, and the cap bounds it while it runs
+//! (a snapshot that reads the store and writes a dump is paced on its
+//! dump, not twice).
 //!
 //! Decisions use a window's trimmed mean (its slowest sample dropped), not
 //! single samples: a device's own tail (host caches, firmware) produces rare
@@ -244,6 +247,9 @@ impl Pace {
     /// goes once the bucket is full).
     fn ready_at(&self, bytes: u64, now: Nanos) -> Nanos {
         let Some(r) = self.rate else { return now };
+        if bytes == 0 {
+            return now; // nothing to pace (a read), even with the bucket in debt
+        }
         let need = (bytes as f64).min(burst(r));
         let have = self.refill(now);
         if have >= need {
@@ -461,9 +467,14 @@ impl AutoCap {
         }
     }
 
+    /// A non-critical request completed; `bytes` is what pacing counts of
+    /// it (its writes; 0 for a read, which leaves nothing in the device's
+    /// write cache, so the critical samples after it may still be clean).
     fn on_noncritical_complete(&mut self, bytes: u64, now: Nanos) {
         self.nc_bytes += bytes;
-        self.last_nc_complete = Some(now);
+        if bytes > 0 {
+            self.last_nc_complete = Some(now);
+        }
         if self.idle(now) {
             self.cap = (self.cap + 1).min(self.cfg.max);
             self.pace.set(None, now);

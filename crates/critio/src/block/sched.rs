@@ -107,6 +107,19 @@ pub struct ReqInfo {
     pub len: u64,
 }
 
+/// The bytes of a non-critical request that pacing counts: its writes.
+/// Pacing exists because a device's write cache makes a flush wait for the
+/// background data written before it (see `cap.rs`); a read leaves nothing
+/// behind, and the cap on requests at the device already bounds what it
+/// costs while it runs.
+fn paced_bytes(info: &ReqInfo) -> u64 {
+    if info.op == Op::Write {
+        info.len
+    } else {
+        0
+    }
+}
+
 /// Request ids are sequential integers: hash them with one multiply.
 #[derive(Default)]
 pub(crate) struct IdHasher(u64);
@@ -349,10 +362,11 @@ impl<P> Scheduler<P> {
         None
     }
 
-    /// The size of the first queued non-critical request.
+    /// The bytes pacing charges for the first queued non-critical request
+    /// (None: none queued).
     fn noncritical_head_bytes(&self) -> Option<u64> {
         let &(id, _) = self.queues[NONCRIT].front()?;
-        Some(self.reqs.get(&id).map_or(0, |e| e.info.len))
+        Some(self.reqs.get(&id).map_or(0, |e| paced_bytes(&e.info)))
     }
 
     /// How long non-critical work has gone without a dispatch: since the
@@ -387,7 +401,7 @@ impl<P> Scheduler<P> {
         let e = self.reqs.get_mut(&id).expect("queued request is known");
         if lane == NONCRIT {
             self.last_nc_dispatch = now;
-            self.cap.on_noncritical_dispatch(e.info.len, now);
+            self.cap.on_noncritical_dispatch(paced_bytes(&e.info), now);
         }
         debug_assert_eq!(e.loc, Location::Queued);
         e.loc = Location::AtDevice;
@@ -415,7 +429,7 @@ impl<P> Scheduler<P> {
         }
         let device_time = now.saturating_sub(e.dispatched);
         if lane == NONCRIT {
-            self.cap.on_noncritical_complete(e.info.len, now);
+            self.cap.on_noncritical_complete(paced_bytes(&e.info), now);
         } else if self.cfg.classes {
             if e.info.op == Op::Write {
                 self.cap.on_critical_written(e.info.len);
