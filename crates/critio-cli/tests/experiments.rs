@@ -113,9 +113,14 @@ fn every_experiment_runs_short_and_reports() {
             }
             args.extend(["--device", file_arg.as_str()]);
         }
-        if name == "kv-background" && which("redis-benchmark").is_none() {
-            eprintln!("skipped kv-background: redis-benchmark is not installed");
+        if (name == "kv-background" || name == "kv-vs-redis") && which("redis-benchmark").is_none()
+        {
+            eprintln!("skipped {name}: redis-benchmark is not installed");
             continue;
+        }
+        let kv_dir = format!("file:{}", dir.join("kv-vs-redis").display());
+        if name == "kv-vs-redis" {
+            args.extend(["--device", kv_dir.as_str()]);
         }
         let small = dir.join("e4-small.toml");
         if name == "e4-write-cache" {
