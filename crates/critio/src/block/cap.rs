@@ -28,7 +28,11 @@
 //! while clean latency cannot be kept. The rate never falls below
 //! `min_rate_mib_s`, and the block layer's starvation timer sends a
 //! background request every period whatever the pacing says: background
-//! work always progresses. Pacing counts background writes only: a read
+//! work always progresses. A probe alone holds it longer, and bounded: at
+//! most `probe_max_ms` once per `probe_every_ms` (a probe ends as soon as
+//! its clean samples arrive; a background write let through during it
+//! would keep every sample unclean for `settle_ms`, longer than the
+//! starvation period, so each probe would run to its limit). Pacing counts background writes only: a read
 //! leaves nothing in the write cache, and the cap bounds it while it runs
 //! (a snapshot that reads the store and writes a dump is paced on its
 //! dump, not twice).

@@ -338,10 +338,15 @@ impl<P> Scheduler<P> {
             .is_none_or(|limit| self.inflight[NONCRIT] < limit);
         let nc_head = self.noncritical_head_bytes();
         let nc_ready = nc_head.is_some_and(|bytes| nc_room && self.cap.paced_ok(bytes, now));
-        // The starvation timer may override a cap probe, never a cap that a
+        // The starvation timer overrides neither a cap probe (a bounded
+        // pause, `probe_max_ms` once per `probe_every_ms`, that measures the
+        // clean baseline: a background write sent during it would make
+        // every sample unclean until the probe times out) nor a cap that a
         // non-critical request at the device already fills: that one is the
         // background's progress.
-        let nc_starving = (nc_room || self.inflight[NONCRIT] == 0)
+        let probing = self.cap.limit(now) == Some(0);
+        let nc_starving = !probing
+            && (nc_room || self.inflight[NONCRIT] == 0)
             && self.noncritical_waited(now) >= self.cfg.starvation_period;
         if nc_starving {
             if !self.queues[CRIT].is_empty() || self.anticipating(now) {

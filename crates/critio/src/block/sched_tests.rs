@@ -403,3 +403,41 @@ fn pacing_holds_background_writes_not_reads() {
     h.submit_op(N, Op::Write, 1 << 20);
     assert!(h.dispatch().is_empty(), "a write waits for its tokens");
 }
+
+/// A probe of the adaptive cap holds background work until the device has
+/// settled and clean critical samples arrive, then lets it go: with
+/// background always queued and a critical request every millisecond, the
+/// longest pause in background dispatch is the probe's (settle_ms, 20 ms,
+/// plus a few samples), not the starvation period and not probe_max_ms.
+#[test]
+fn a_probe_pauses_background_briefly_and_ends_on_clean_samples() {
+    use super::cap::AutoCapConfig;
+    let mut h = Harness::new(SchedConfig {
+        noncritical_cap: NoncriticalCap::Auto(AutoCapConfig::default()),
+        ..cfg()
+    });
+    let mut submitted = 0;
+    let mut nc_times = Vec::new();
+    for _ in 0..2500 {
+        if h.dispatched.iter().filter(|(_, c)| *c == N).count() == submitted {
+            h.submit_op(N, Op::Write, 64 << 10);
+            submitted += 1;
+        }
+        h.submit(C);
+        for class in h.dispatch() {
+            if class == N {
+                nc_times.push(h.now);
+            }
+        }
+        h.advance(MS);
+        while !h.at_device.is_empty() {
+            h.complete_oldest();
+        }
+    }
+    let longest = nc_times.windows(2).map(|w| w[1] - w[0]).max().unwrap();
+    assert!(
+        (15 * MS..40 * MS).contains(&longest),
+        "longest background pause {} ms",
+        longest / MS
+    );
+}
