@@ -369,7 +369,9 @@ fn work_dir(args: &BenchArgs) -> Result<PathBuf, String> {
         },
     };
     std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-    Ok(dir)
+    // Absolute: redis-server resolves its log file after changing into its
+    // data directory.
+    std::path::absolute(&dir).map_err(|e| format!("cannot resolve {}: {e}", dir.display()))
 }
 
 /// Runs the experiment.

@@ -113,7 +113,7 @@ pub const EXPERIMENTS: &[Experiment] = &[
         name: "kv-vs-redis",
         about: "critio-kv (file, none and rcp) vs stock Redis (appendfsync always): redis-benchmark alone and under BGSAVE/BGREWRITEAOF, two sizes (needs redis-server, redis-tools)",
         run: kv_vs_redis::run,
-        in_results: false,
+        in_results: true,
     },
     Experiment {
         name: "lock-overhead",
