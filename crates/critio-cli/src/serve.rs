@@ -161,20 +161,26 @@ fn describe_settings(
         (_, NoncriticalCap::Fixed(n)) => n.to_string(),
         (_, NoncriticalCap::Auto(a)) => format!("adaptive (up to {})", a.max),
     };
-    let cap_from = if effective.block != f.critio.block {
-        format!("scheme {scheme}")
-    } else {
-        from(f.critio.block.noncritical_cap == base.critio.block.noncritical_cap).to_owned()
+    // Where a setting came from: the scheme when it overrides the config.
+    let source = |by_scheme: bool, same: bool| {
+        if by_scheme {
+            format!("scheme {scheme}")
+        } else {
+            from(same).to_owned()
+        }
     };
+    let cap_from = source(
+        effective.block != f.critio.block,
+        f.critio.block.noncritical_cap == base.critio.block.noncritical_cap,
+    );
     let nice = match effective.context.background_nice {
         0 => "off".to_owned(),
         n => n.to_string(),
     };
-    let nice_from = if effective.context.background_nice != f.critio.context.background_nice {
-        format!("scheme {scheme}")
-    } else {
-        from(f.critio.context.background_nice == base.critio.context.background_nice).to_owned()
-    };
+    let nice_from = source(
+        effective.context.background_nice != f.critio.context.background_nice,
+        f.critio.context.background_nice == base.critio.context.background_nice,
+    );
     format!(
         "critio-kv: page cache {} MiB ({}), checkpoint every {} ms ({}), background I/O at the device {} ({}), background CPU nice {} ({})",
         cache >> 20,

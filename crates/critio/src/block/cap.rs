@@ -32,10 +32,11 @@
 //! most `probe_max_ms` once per `probe_every_ms` (a probe ends as soon as
 //! its clean samples arrive; a background write let through during it
 //! would keep every sample unclean for `settle_ms`, longer than the
-//! starvation period, so each probe would run to its limit). Pacing counts background writes only: a read
-//! leaves nothing in the write cache, and the cap bounds it while it runs
-//! (a snapshot that reads the store and writes a dump is paced on its
-//! dump, not twice).
+//! starvation period, so each probe would run to its limit).
+//!
+//! Pacing counts background writes only: a read leaves nothing in the
+//! write cache, and the cap bounds it while it runs (a snapshot that reads
+//! the store and writes a dump is paced on its dump, not twice).
 //!
 //! Decisions use a window's trimmed mean (its slowest sample dropped), not
 //! single samples: a device's own tail (host caches, firmware) produces rare
@@ -135,6 +136,14 @@ impl CapState {
             CapState::Fixed(0) => None,
             CapState::Fixed(n) => Some(*n),
             CapState::Auto(a) => Some(a.limit(now)),
+        }
+    }
+
+    /// Whether a probe holds every non-critical request now.
+    pub(crate) fn probing(&self, now: Nanos) -> bool {
+        match self {
+            CapState::Auto(a) => a.probe_until.is_some_and(|until| now < until),
+            CapState::Fixed(_) => false,
         }
     }
 
@@ -290,7 +299,7 @@ pub(crate) struct AutoCap {
     crit_written: u64,
     nc_since: Nanos,
     /// Twice the critical write rate of the last decision, in bytes/s: the
-    /// pacing floor (see `floor`).
+    /// pacing floor (see `min_rate`).
     crit_floor: f64,
     last_nc_complete: Option<Nanos>,
     clean: Option<f64>,
@@ -498,6 +507,18 @@ mod tests {
         CapState::new(NoncriticalCap::Auto(AutoCapConfig::default()))
     }
 
+    /// An adaptive cap with a clean baseline of 1 ms from four critical
+    /// completions, and the time after them.
+    fn baselined() -> (CapState, Nanos) {
+        let mut c = auto();
+        let mut now = 0;
+        for _ in 0..4 {
+            now += MS;
+            c.on_critical_complete(MS, 0, 0, now);
+        }
+        (c, now)
+    }
+
     #[test]
     fn fixed_caps_and_unlimited() {
         assert_eq!(CapState::new(NoncriticalCap::Fixed(1)).limit(0), Some(1));
@@ -506,12 +527,7 @@ mod tests {
 
     #[test]
     fn grows_while_critical_latency_stays_near_the_baseline() {
-        let mut c = auto();
-        let mut now = 0;
-        for _ in 0..4 {
-            now += MS;
-            c.on_critical_complete(MS, 0, 0, now); // clean baseline 1 ms
-        }
+        let (mut c, mut now) = baselined();
         for _ in 0..(16 * 10) {
             now += MS;
             c.on_critical_complete(MS + MS / 5, 1, now, now); // 1.2x: fine
@@ -521,12 +537,7 @@ mod tests {
 
     #[test]
     fn halves_when_the_window_mean_rises_but_ignores_a_lone_outlier() {
-        let mut c = auto();
-        let mut now = 0;
-        for _ in 0..4 {
-            now += MS;
-            c.on_critical_complete(MS, 0, 0, now);
-        }
+        let (mut c, mut now) = baselined();
         for _ in 0..(16 * 6) {
             now += MS;
             c.on_critical_complete(MS, 1, now, now);
@@ -594,12 +605,7 @@ mod tests {
     /// the floor, and a request waits for its tokens.
     #[test]
     fn at_a_cap_of_one_pacing_halves_the_background_rate_down_to_the_floor() {
-        let mut c = auto();
-        let mut now = 0;
-        for _ in 0..4 {
-            now += MS;
-            c.on_critical_complete(MS, 0, 0, now); // baseline 1 ms, clean
-        }
+        let (mut c, mut now) = baselined();
         assert_eq!(c.rate(), None, "unpaced at first");
         let mut rates = Vec::new();
         for _ in 0..12 {
@@ -638,12 +644,7 @@ mod tests {
     /// below what it must write back for them.
     #[test]
     fn the_pacing_floor_follows_the_critical_write_rate() {
-        let mut c = auto();
-        let mut now = 0;
-        for _ in 0..4 {
-            now += MS;
-            c.on_critical_complete(MS, 0, 0, now);
-        }
+        let (mut c, mut now) = baselined();
         for _ in 0..12 {
             for _ in 0..16 {
                 now += MS;
@@ -661,12 +662,7 @@ mod tests {
 
     #[test]
     fn pacing_relaxes_and_ends_when_critical_latency_comes_back() {
-        let mut c = auto();
-        let mut now = 0;
-        for _ in 0..4 {
-            now += MS;
-            c.on_critical_complete(MS, 0, 0, now);
-        }
+        let (mut c, mut now) = baselined();
         for _ in 0..16 {
             now += MS;
             c.on_noncritical_complete(400 * 1024, now);

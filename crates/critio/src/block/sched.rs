@@ -344,8 +344,7 @@ impl<P> Scheduler<P> {
         // every sample unclean until the probe times out) nor a cap that a
         // non-critical request at the device already fills: that one is the
         // background's progress.
-        let probing = self.cap.limit(now) == Some(0);
-        let nc_starving = !probing
+        let nc_starving = !self.cap.probing(now)
             && (nc_room || self.inflight[NONCRIT] == 0)
             && self.noncritical_waited(now) >= self.cfg.starvation_period;
         if nc_starving {

@@ -85,6 +85,11 @@ impl Harness {
         id
     }
 
+    /// How many requests went to the device in `class`.
+    fn dispatched_in(&self, class: Class) -> usize {
+        self.dispatched.iter().filter(|(_, c)| *c == class).count()
+    }
+
     fn advance(&mut self, by: Nanos) {
         self.now += by;
     }
@@ -371,7 +376,7 @@ fn pacing_holds_background_writes_not_reads() {
     let mut submitted = 0;
     for _ in 0..12 * 16 {
         // A new background write once the last one went (no backlog).
-        if h.dispatched.iter().filter(|(_, c)| *c == N).count() == submitted {
+        if h.dispatched_in(N) == submitted {
             h.submit_op(N, Op::Write, 400 << 10);
             submitted += 1;
         }
@@ -386,7 +391,7 @@ fn pacing_holds_background_writes_not_reads() {
     assert!(rate <= 16.0, "paced near the floor: {rate} MiB/s");
     // One more write goes when the bucket (or the starvation timer) lets
     // it, and leaves the bucket empty.
-    if h.dispatched.iter().filter(|(_, c)| *c == N).count() == submitted {
+    if h.dispatched_in(N) == submitted {
         h.submit_op(N, Op::Write, 1 << 20);
     }
     for _ in 0..50 {
@@ -419,7 +424,7 @@ fn a_probe_pauses_background_briefly_and_ends_on_clean_samples() {
     let mut submitted = 0;
     let mut nc_times = Vec::new();
     for _ in 0..2500 {
-        if h.dispatched.iter().filter(|(_, c)| *c == N).count() == submitted {
+        if h.dispatched_in(N) == submitted {
             h.submit_op(N, Op::Write, 64 << 10);
             submitted += 1;
         }
