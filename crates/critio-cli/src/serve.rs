@@ -182,7 +182,7 @@ fn describe_settings(
         f.critio.context.background_nice == base.critio.context.background_nice,
     );
     format!(
-        "critio-kv: page cache {} MiB ({}), checkpoint every {} ms ({}), background I/O at the device {} ({}), background CPU nice {} ({})",
+        "critio-kv: page cache {} MiB ({}), checkpoint every {} ms ({}), background I/O at the device {} ({}), background CPU nice {} ({}), {} request workers ({})",
         cache >> 20,
         from(cache == base.critio.cache.capacity_bytes),
         f.engine.checkpoint_interval_ms,
@@ -191,6 +191,12 @@ fn describe_settings(
         cap_from,
         nice,
         nice_from,
+        f.server.workers_in_effect(),
+        if f.server.workers == 0 {
+            "one per core"
+        } else {
+            "from --config"
+        },
     )
 }
 

@@ -1,12 +1,13 @@
 //! critio-kv: a Redis-protocol (RESP2) key-value server built only on
-//! critio's layers. Its connection threads are marked foreground; its
-//! checkpoint, snapshot and index-rewrite threads are not.
+//! critio's layers. Its request workers (event loops, one per core) are
+//! marked foreground; its checkpoint, snapshot and log-rewrite threads are
+//! not.
 //!
 //! ```text
-//!  clients ── RESP2 ──> connection threads (foreground)
+//!  clients ── RESP2 ──> request workers (foreground; rounds, one commit each)
 //!                            │
 //!                            v
-//!  engine: hash index of copy-on-write bucket pages, write-ahead log, checkpoints
+//!  engine: value log + in-memory index, write-ahead log, checkpoints
 //!                            │
 //!  critio: sync ── cache ── log ── block ── device
 //! ```

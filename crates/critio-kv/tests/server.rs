@@ -372,6 +372,47 @@ fn pipelines_are_answered_in_order() {
     assert_eq!(exchange(&mut s, b"CR\r\n$1\r\nx\r\n", 1), ":3\r\n");
 }
 
+/// One worker, two clients: one sends a pipeline whose replies (about
+/// 20 MiB) it does not read for a while; the other is served meanwhile, and
+/// the first gets every reply, in order, once it reads.
+#[test]
+fn a_client_that_does_not_read_holds_neither_its_worker_nor_memory() {
+    let (server, _stack) = start(ServerConfig {
+        workers: 1,
+        ..server_config()
+    });
+    let mut c = client(server.local_addr());
+    let value = "v".repeat(1024);
+    let _: () = c.set("big", &value).unwrap();
+    let n = 20_000;
+    let mut slow = raw(server.local_addr());
+    let sender = {
+        let mut s = slow.try_clone().unwrap();
+        std::thread::spawn(move || {
+            let frames = b"GET big\r\n".repeat(n);
+            s.write_all(&frames).unwrap();
+        })
+    };
+    std::thread::sleep(Duration::from_millis(200));
+    for i in 0..50 {
+        let _: () = c.set(format!("k{i}"), i).unwrap();
+        assert_eq!(get(&mut c, &format!("k{i}")), Some(i.to_string()));
+    }
+    let reply = format!("$1024\r\n{value}\r\n");
+    let mut got = Vec::new();
+    let mut buf = vec![0u8; 1 << 16];
+    while got.len() < n * reply.len() {
+        match slow.read(&mut buf) {
+            Ok(0) => break,
+            Ok(k) => got.extend_from_slice(&buf[..k]),
+            Err(e) => panic!("read: {e} after {} bytes", got.len()),
+        }
+    }
+    sender.join().unwrap();
+    assert_eq!(got.len(), n * reply.len());
+    assert!(got.chunks(reply.len()).all(|r| r == reply.as_bytes()));
+}
+
 #[test]
 fn many_concurrent_clients_stay_consistent() {
     const THREADS: usize = 32;
@@ -538,6 +579,15 @@ fn device_failure_fails_writes_and_never_acknowledges_them() {
     assert_eq!(e.code(), Some("ERR"), "{e}");
     let pong: String = redis::cmd("PING").query(&mut c).unwrap();
     assert_eq!(pong, "PONG");
+    // A pipeline mixing writes and reads in one round: each write's reply
+    // is an error, each read's stands, in order, on an open connection.
+    let mut s = raw(server.local_addr());
+    let got = exchange(&mut s, b"SET p 1\r\nGET before\r\nSET q 2\r\nPING\r\n", 5);
+    let lines: Vec<&str> = got.lines().collect();
+    assert!(lines[0].starts_with("-ERR"), "{got}");
+    assert_eq!(&lines[1..3], ["$1", "1"], "{got}");
+    assert!(lines[3].starts_with("-ERR"), "{got}");
+    assert_eq!(lines[4], "+PONG", "{got}");
 }
 
 #[test]

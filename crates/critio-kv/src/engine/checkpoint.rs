@@ -428,7 +428,7 @@ impl Inner {
             }
             self.index.set_count(0);
             drop((res, epoch, stripes));
-            return Ok(self.log.commit(lsn)?);
+            return self.commit_or_defer(lsn);
         }
     }
 

@@ -8,6 +8,8 @@
 //!                        └─ write: stripe locks ─> room? ─> epoch (shared) ─> WAL append
 //!                                  ─> value-log append (cache) ─> index ─> unlock
 //!                                  ─> WAL commit (durable) ─> acknowledge
+//!                                     (or deferred to the caller's round of
+//!                                      group commit: group.rs)
 //!  checkpointer (background): epoch (exclusive): LSN C, value log (tail T, head P)
 //!        ─> flush the value log's pages ─> superblock {C, T, P} (durable)
 //!        ─> space below T reusable, WAL truncated to C; cleans when space runs low
@@ -36,6 +38,7 @@
 mod checkpoint;
 mod clean;
 mod entry;
+mod group;
 mod index;
 mod jobs;
 mod layout;
@@ -58,6 +61,7 @@ use serde::{Deserialize, Serialize};
 
 pub use checkpoint::{BackgroundStats, CheckpointReport};
 pub use entry::{Entry, Value};
+pub use group::Deferred;
 pub use layout::Layout;
 pub use ops::{FieldValues, SetOptions};
 

@@ -256,7 +256,7 @@ impl Inner {
                 return Err(e);
             }
             drop((res, epoch, held));
-            self.log.commit(lsn)?;
+            self.commit_or_defer(lsn)?;
             return Ok(result);
         }
     }

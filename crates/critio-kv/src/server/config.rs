@@ -3,6 +3,7 @@
 //! ```toml
 //! [server]
 //! bind = "127.0.0.1:6390"
+//! workers = 0                 # request event loops (0: one per core)
 //! max_clients = 1000          # a client beyond it gets an error and is closed
 //! max_frame_bytes = 8388608   # one request frame (8 MiB)
 //! max_args = 1048576          # arguments in one request
@@ -33,7 +34,11 @@ pub struct ServerConfig {
     /// Where to listen. Default `127.0.0.1:6390` (Redis's 6379 plus 11, so
     /// both can run side by side).
     pub bind: String,
-    /// Clients connected at once; one thread each. Default 1000, at most
+    /// Request workers: foreground threads, each an event loop over its
+    /// share of the connections. Default 0: one per core. At most
+    /// [`WORKERS_MAX`].
+    pub workers: u32,
+    /// Clients connected at once. Default 1000, at most
     /// [`MAX_CLIENTS_LIMIT`].
     pub max_clients: u32,
     /// The largest request frame, in bytes; a bigger one is a protocol
@@ -50,6 +55,8 @@ pub struct ServerConfig {
     pub shutdown_timeout_ms: u64,
 }
 
+/// The most request workers.
+pub const WORKERS_MAX: u32 = 256;
 /// The largest `max_clients`.
 pub const MAX_CLIENTS_LIMIT: u32 = 65_536;
 /// The allowed range of `max_frame_bytes`.
@@ -59,6 +66,7 @@ impl Default for ServerConfig {
     fn default() -> Self {
         Self {
             bind: "127.0.0.1:6390".to_owned(),
+            workers: 0,
             max_clients: 1000,
             max_frame_bytes: 8 << 20,
             max_args: 1 << 20,
@@ -80,6 +88,14 @@ fn invalid(field: &'static str, value: impl ToString, allowed: &str) -> ServerEr
 }
 
 impl ServerConfig {
+    /// The number of request workers `workers` gives (0: one per core).
+    pub fn workers_in_effect(&self) -> usize {
+        match self.workers {
+            0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+            n => n as usize,
+        }
+    }
+
     /// Checks every field; the error names the first bad one.
     pub fn validate(&self) -> Result<(), ServerError> {
         if self.bind.parse::<std::net::SocketAddr>().is_err() {
@@ -87,6 +103,13 @@ impl ServerConfig {
                 "server.bind",
                 &self.bind,
                 "must be an address and port such as 127.0.0.1:6390",
+            ));
+        }
+        if self.workers > WORKERS_MAX {
+            return Err(invalid(
+                "server.workers",
+                self.workers,
+                "must be within 0..=256 (0: one per core)",
             ));
         }
         if !(1..=MAX_CLIENTS_LIMIT).contains(&self.max_clients) {
@@ -251,6 +274,7 @@ mod tests {
     fn bad_fields_are_named() {
         for (text, needle) in [
             ("[server]\nmax_clients = 0", "server.max_clients"),
+            ("[server]\nworkers = 1000", "server.workers"),
             ("[server]\nbind = \"nowhere\"", "server.bind"),
             ("[server]\nmax_frame_bytes = 10", "server.max_frame_bytes"),
             ("[server]\nmax_clientz = 3", "max_clientz"),

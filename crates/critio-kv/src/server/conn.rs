@@ -1,176 +1,230 @@
-//! One connection: read, run every complete request in the buffer in
-//! order (pipelining), write the replies, read again.
+//! One connection's buffers and state, driven by its worker's event loop:
+//! read what the socket has, run every complete request in the buffer in
+//! order (pipelining), and send the replies once the round's writes are
+//! durable.
 //!
 //! ```text
 //!  input:  [ req | req | req | partial.. ]   run the three, keep the partial,
 //!                                            read until it has `at_least` bytes
-//!  output: replies, written when the input runs dry or past 64 KiB
+//!  output: replies of this round ─> (worker: round committed) ─> send;
+//!          what the socket does not take waits for it to be writable, and
+//!          the connection reads nothing more until it is all sent
 //! ```
 //!
+//! A failed commit (the log is poisoned) replaces each reply to a write of
+//! the round with an error; the connection stays open, and later writes
+//! fail at once with the log's error.
+//!
 //! Bounds: the input holds at most one partial request (at most
-//! `max_frame_bytes`, checked on its headers) plus one read; the output is
-//! written out past [`OUTPUT_FLUSH_BYTES`].
+//! `max_frame_bytes`, checked on its headers) plus one round's reads
+//! ([`READ_ROUND_MAX`]); a round stops running a connection's requests once
+//! its output passes [`OUTPUT_ROUND_BYTES`], so one pipelining client cannot
+//! hold its worker or grow its output without bound.
 
 use std::io::{self, Read, Write};
 use std::net::TcpStream;
-use std::sync::Arc;
-use std::time::Duration;
+use std::time::Instant;
 
 use super::command::{self, Ctx, Session};
 use super::frame::{self, Limits, Parsed};
 use super::reply::Reply;
 use super::{Shared, Stats};
 
-/// The smallest read.
+/// One read.
 const READ_CHUNK: usize = 16 << 10;
-/// The largest read.
-const READ_MAX: usize = 1 << 20;
-/// Replies are written out once they pass this.
-const OUTPUT_FLUSH_BYTES: usize = 64 << 10;
+/// The most a round reads from one connection.
+pub(crate) const READ_ROUND_MAX: usize = 1 << 20;
+/// A round runs no more of a connection's requests once its output passes
+/// this (the rest run after it is sent).
+pub(crate) const OUTPUT_ROUND_BYTES: usize = 64 << 10;
 
-const _: () = assert!(READ_CHUNK <= READ_MAX);
-
-/// Serves one connection until the client leaves, sends a bad frame,
-/// QUITs, idles out or the server stops.
-pub(crate) fn run(shared: &Arc<Shared>, stream: TcpStream, id: u64) {
-    // The enlightenment API: this thread serves requests.
-    critio::context::set_foreground();
-    let _ = stream.set_nodelay(true);
-    if shared.cfg.idle_timeout_ms > 0 {
-        let _ = stream.set_read_timeout(Some(Duration::from_millis(shared.cfg.idle_timeout_ms)));
-    }
-    let mut conn = Conn {
-        shared,
-        stream,
-        input: Vec::with_capacity(READ_CHUNK),
-        output: Vec::with_capacity(READ_CHUNK),
-        session: Session::new(id),
-    };
-    let _ = conn.serve(); // an I/O error only ends this connection
-}
-
-struct Conn<'a> {
-    shared: &'a Shared,
-    stream: TcpStream,
+/// One client connection.
+pub(crate) struct Conn {
+    pub(crate) id: u64,
+    pub(crate) stream: TcpStream,
     input: Vec<u8>,
+    /// The input needs this many bytes before a request can run.
+    need: usize,
     output: Vec<u8>,
+    /// Bytes of `output` already sent.
+    sent: usize,
+    /// The output ranges of this round's replies to writes (a failed
+    /// commit replaces each with an error).
+    unacked: Vec<(usize, usize)>,
     session: Session,
+    pub(crate) last_active: Instant,
+    /// Close once the output is sent (QUIT, a protocol error, a failed
+    /// commit).
+    closing: bool,
+    /// The client sent its last byte: run its complete requests, send the
+    /// replies, close.
+    eof: bool,
 }
 
-/// What the buffered input needs next.
-enum Step {
-    /// Read until the input holds this many bytes.
-    Need(usize),
-    /// Write what is pending, then close.
-    Close,
-}
-
-impl Conn<'_> {
-    fn serve(&mut self) -> io::Result<()> {
-        let mut need = 1;
-        loop {
-            if self.input.len() >= need {
-                match self.run_buffered()? {
-                    Step::Need(n) => need = n,
-                    Step::Close => return self.flush(),
-                }
-            }
-            self.flush()?;
-            if !self.fill(need)? {
-                return Ok(());
-            }
+impl Conn {
+    pub(crate) fn new(id: u64, stream: TcpStream) -> Conn {
+        Conn {
+            id,
+            stream,
+            input: Vec::with_capacity(READ_CHUNK),
+            need: 1,
+            output: Vec::new(),
+            sent: 0,
+            unacked: Vec::new(),
+            session: Session::new(id),
+            last_active: Instant::now(),
+            closing: false,
+            eof: false,
         }
     }
 
-    /// Runs every complete request in the input, in order.
-    fn run_buffered(&mut self) -> io::Result<Step> {
+    /// Output not yet sent.
+    pub(crate) fn pending_output(&self) -> bool {
+        self.sent < self.output.len()
+    }
+
+    /// Whether complete requests wait in the input (a round stopped at
+    /// the output limit).
+    pub(crate) fn has_runnable_input(&self) -> bool {
+        !self.closing && self.input.len() >= self.need
+    }
+
+    /// Nothing more to do: close it.
+    pub(crate) fn done(&self) -> bool {
+        !self.pending_output() && (self.closing || (self.eof && !self.has_runnable_input()))
+    }
+
+    /// Reads what the socket has (at most [`READ_ROUND_MAX`]); notes the
+    /// end of input (the complete requests before it still run).
+    pub(crate) fn read_available(&mut self, shared: &Shared) -> io::Result<()> {
+        let mut total = 0;
+        while total < READ_ROUND_MAX && !self.closing && !self.eof {
+            let len = self.input.len();
+            let want = self
+                .need
+                .saturating_sub(len)
+                .clamp(READ_CHUNK, READ_ROUND_MAX);
+            self.input.resize(len + want, 0);
+            let read = self.stream.read(&mut self.input[len..]);
+            let n = match read {
+                Ok(n) => n,
+                Err(e) => {
+                    self.input.truncate(len);
+                    match e.kind() {
+                        io::ErrorKind::Interrupted => continue,
+                        io::ErrorKind::WouldBlock => break,
+                        _ => return Err(e),
+                    }
+                }
+            };
+            self.input.truncate(len + n);
+            if n == 0 {
+                self.eof = true;
+                break;
+            }
+            total += n;
+            self.last_active = Instant::now();
+        }
+        Stats::add(&shared.stats.net_input_bytes, total as u64);
+        Ok(())
+    }
+
+    /// Runs the complete requests in the input, in order, until the round's
+    /// output limit. `round_lsn` reads the round's highest deferred LSN, so
+    /// the connection knows which of its replies wait for the commit.
+    pub(crate) fn run_requests(&mut self, shared: &Shared, round_lsn: &dyn Fn() -> u64) {
         let limits = Limits {
-            frame_bytes_max: self.shared.cfg.max_frame_bytes as usize,
-            args_max: self.shared.cfg.max_args as usize,
+            frame_bytes_max: shared.cfg.max_frame_bytes as usize,
+            args_max: shared.cfg.max_args as usize,
         };
         let mut at = 0;
-        let step = loop {
+        while !self.session.quit && self.output.len() - self.sent < OUTPUT_ROUND_BYTES {
             let parsed = match frame::parse(&self.input[at..], limits) {
                 Ok(p) => p,
                 Err(e) => {
-                    Stats::add(&self.shared.stats.protocol_errors, 1);
+                    Stats::add(&shared.stats.protocol_errors, 1);
                     Reply::err(e).encode(&mut self.output);
-                    break Step::Close;
+                    self.closing = true;
+                    self.input.clear();
+                    self.need = 1;
+                    return;
                 }
             };
             let (args, consumed) = match parsed {
-                Parsed::Incomplete { at_least } => break Step::Need(at_least),
+                Parsed::Incomplete { at_least } => {
+                    self.need = at_least;
+                    break;
+                }
                 Parsed::Request { args, consumed } => (args, consumed),
             };
             let request = &self.input[at..at + consumed];
             let args = args.slices(request);
             if !args.is_empty() {
+                let before = round_lsn();
+                let mark = self.output.len();
                 let mut ctx = Ctx {
-                    shared: self.shared,
+                    shared,
                     session: &mut self.session,
                 };
                 command::dispatch(&mut ctx, &args).encode(&mut self.output);
+                if round_lsn() != before {
+                    self.unacked.push((mark, self.output.len()));
+                }
             }
             at += consumed;
-            if self.session.quit {
-                break Step::Close;
-            }
-            if self.output.len() >= OUTPUT_FLUSH_BYTES {
-                self.flush()?;
-            }
-        };
+            self.need = 1;
+        }
+        if self.session.quit {
+            self.closing = true;
+        }
         self.input.drain(..at);
-        if self.input.capacity() > 4 * READ_MAX && self.input.len() < READ_CHUNK {
+        if self.input.capacity() > 4 * READ_ROUND_MAX && self.input.len() < READ_CHUNK {
             self.input.shrink_to(READ_CHUNK);
         }
-        Ok(step)
     }
 
-    /// Reads more input, toward `need` bytes. False: the client is gone
-    /// (or idled out, or the server is stopping).
-    fn fill(&mut self, need: usize) -> io::Result<bool> {
-        let len = self.input.len();
-        let want = need.saturating_sub(len).clamp(READ_CHUNK, READ_MAX);
-        self.input.resize(len + want, 0);
-        let read = loop {
-            match self.stream.read(&mut self.input[len..]) {
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                other => break other,
-            }
-        };
-        let n = match read {
-            Ok(n) => n,
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-                ) =>
-            {
-                0
-            }
-            Err(e) => {
-                self.input.truncate(len);
-                return Err(e);
-            }
-        };
-        self.input.truncate(len + n);
-        Stats::add(&self.shared.stats.net_input_bytes, n as u64);
-        Ok(n > 0)
+    /// The round's commit succeeded: every reply may go.
+    pub(crate) fn acknowledge(&mut self) {
+        self.unacked.clear();
     }
 
-    fn flush(&mut self) -> io::Result<()> {
-        if self.output.is_empty() {
-            return Ok(());
+    /// The round's commit failed: each reply to a write of the round is
+    /// replaced by an error saying why (none of them was acknowledged);
+    /// the other replies stand, in order.
+    pub(crate) fn fail_round(&mut self, why: &str) {
+        if self.unacked.is_empty() {
+            return;
         }
-        let result = self.stream.write_all(&self.output);
-        Stats::add(
-            &self.shared.stats.net_output_bytes,
-            self.output.len() as u64,
-        );
+        let old = std::mem::take(&mut self.output);
+        let mut at = 0;
+        for (from, to) in self.unacked.drain(..) {
+            self.output.extend_from_slice(&old[at..from]);
+            Reply::Error(why.to_owned()).encode(&mut self.output);
+            at = to;
+        }
+        self.output.extend_from_slice(&old[at..]);
+    }
+
+    /// Sends what the socket takes now. Ok(true): all of it is sent.
+    pub(crate) fn send(&mut self, shared: &Shared) -> io::Result<bool> {
+        debug_assert!(self.unacked.is_empty(), "replies sent before their commit");
+        while self.sent < self.output.len() {
+            match self.stream.write(&self.output[self.sent..]) {
+                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                Ok(n) => {
+                    self.sent += n;
+                    Stats::add(&shared.stats.net_output_bytes, n as u64);
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
+                Err(e) => return Err(e),
+            }
+        }
         self.output.clear();
-        if self.output.capacity() > 4 * OUTPUT_FLUSH_BYTES {
-            self.output.shrink_to(OUTPUT_FLUSH_BYTES);
+        self.sent = 0;
+        if self.output.capacity() > 4 * OUTPUT_ROUND_BYTES {
+            self.output.shrink_to(OUTPUT_ROUND_BYTES);
         }
-        result
+        Ok(true)
     }
 }

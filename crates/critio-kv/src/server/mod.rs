@@ -1,26 +1,31 @@
-//! The Redis-protocol (RESP2) server: one thread per connection, each
-//! marked foreground before it reads its first request, the line paper 000
-//! added to Redis.
+//! The Redis-protocol (RESP2) server: a few request workers (one per core
+//! by default), each a foreground thread running an event loop over its
+//! share of the connections. Marking the workers foreground is the line
+//! paper 000 added to Redis.
 //!
 //! ```text
 //!  acceptor ── max_clients? ──no──> "-ERR max number of clients reached", close
-//!     │ yes
+//!     │ yes: non-blocking, handed to a worker (round robin)
 //!     v
-//!  connection thread: context::set_foreground()
-//!     loop: read ─> frame::parse every complete request in the buffer, in order
-//!                  ─> command::dispatch ─> engine (critical: its locks, log
-//!                     commits and page reads boost whatever they wait for)
-//!           ─> write the replies ─> read again
+//!  worker (context::set_foreground()), in rounds:
+//!     epoll ─> each ready connection: read ─> frame::parse every complete
+//!              request, in order ─> command::dispatch ─> engine (critical:
+//!              its locks and page reads boost whatever they wait for;
+//!              commits deferred to the round)
+//!     ─> one commit wait for the round's writes (the log writer inherits)
+//!     ─> send every reply of the round
 //!     a protocol error: "-ERR Protocol error: ..." and close (only this client)
-//!  stop: no more accepts; each connection finishes the requests it holds,
-//!        then closes; the caller closes the engine (a final checkpoint)
+//!  stop: no more accepts; each connection runs the requests it has
+//!        received, sends the replies, closes; the caller closes the engine
+//!        (a final checkpoint)
 //! ```
 //!
 //! | module    | what                                                   |
 //! |-----------|--------------------------------------------------------|
 //! | `config`  | `[server]` limits, and the whole config file of `critio serve` |
 //! | `frame`   | request framing (sans-I/O), limits checked on headers   |
-//! | `conn`    | one connection's read / run / write loop               |
+//! | `worker`  | the event loops: rounds, group commit, stop            |
+//! | `conn`    | one connection's buffers: read, run, send              |
 //! | `command` | the command table: names, arities, dispatch            |
 //! | `data`    | the key-value commands (GET, SET, HSET, ...)           |
 //! | `admin`   | PING, INFO, CONFIG, SAVE, BGSAVE, COMMAND, ...          |
@@ -35,6 +40,7 @@ mod data;
 mod frame;
 mod info;
 mod reply;
+mod worker;
 
 use std::collections::HashMap;
 use std::io::{self, Read as _, Write as _};
@@ -49,7 +55,7 @@ use critio::block::BlockLayer;
 use critio::cache::PageCache;
 use parking_lot::{Condvar, Mutex};
 
-pub use config::{FileConfig, ServerConfig, MAX_CLIENTS_LIMIT, MAX_FRAME_BYTES_RANGE};
+pub use config::{FileConfig, ServerConfig, MAX_CLIENTS_LIMIT, MAX_FRAME_BYTES_RANGE, WORKERS_MAX};
 pub use frame::{parse, split_args, Args, Limits, Parsed, ProtocolError, INLINE_BYTES_MAX};
 pub use reply::Reply;
 
@@ -165,7 +171,7 @@ struct Clients {
     open: HashMap<u64, TcpStream>,
 }
 
-/// What the acceptor and the connection threads share.
+/// What the acceptor and the workers share.
 pub(crate) struct Shared {
     pub cfg: ServerConfig,
     pub backend: Backend,
@@ -209,6 +215,7 @@ impl Shared {
 pub struct Server {
     shared: Arc<Shared>,
     acceptor: Option<JoinHandle<()>>,
+    workers: Vec<(Arc<worker::Mailbox>, JoinHandle<()>)>,
 }
 
 impl Server {
@@ -234,17 +241,28 @@ impl Server {
             clients_cv: Condvar::new(),
             stopping: AtomicBool::new(false),
         });
-        let acceptor = {
-            let shared = shared.clone();
+        let mut server = Server {
+            shared: shared.clone(),
+            acceptor: None,
+            workers: Vec::new(),
+        };
+        for i in 0..shared.cfg.workers_in_effect() {
+            let mailbox = Arc::new(worker::Mailbox::new().map_err(ServerError::Spawn)?);
+            let (s, m) = (shared.clone(), mailbox.clone());
+            let thread = std::thread::Builder::new()
+                .name(format!("kv-worker-{i}"))
+                .spawn(move || worker::run(&s, &m))
+                .map_err(ServerError::Spawn)?;
+            server.workers.push((mailbox, thread));
+        }
+        let mailboxes: Vec<_> = server.workers.iter().map(|(m, _)| m.clone()).collect();
+        server.acceptor = Some(
             std::thread::Builder::new()
                 .name("kv-acceptor".into())
-                .spawn(move || accept_loop(&shared, &listener))
-                .map_err(ServerError::Spawn)?
-        };
-        Ok(Server {
-            shared,
-            acceptor: Some(acceptor),
-        })
+                .spawn(move || accept_loop(&shared, &listener, &mailboxes))
+                .map_err(ServerError::Spawn)?,
+        );
+        Ok(server)
     }
 
     /// The address it listens on (with the port chosen if `bind` gave 0).
@@ -279,17 +297,25 @@ impl Server {
         wake_acceptor(self.shared.addr);
         let _ = acceptor.join();
         let deadline = Instant::now() + Duration::from_millis(self.shared.cfg.shutdown_timeout_ms);
-        let mut c = self.shared.clients.lock();
-        for s in c.open.values() {
-            let _ = s.shutdown(Shutdown::Read);
+        for (mailbox, _) in &self.workers {
+            mailbox.wake();
         }
+        let mut c = self.shared.clients.lock();
         while !c.open.is_empty() && Instant::now() < deadline {
             self.shared.clients_cv.wait_until(&mut c, deadline);
         }
         for s in c.open.values() {
             let _ = s.shutdown(Shutdown::Both);
         }
-        c.open.len()
+        let left = c.open.len();
+        drop(c);
+        if left == 0 {
+            // Every connection is closed: the workers are returning.
+            for (_, thread) in self.workers.drain(..) {
+                let _ = thread.join();
+            }
+        }
+        left
     }
 }
 
@@ -323,7 +349,7 @@ fn turn_away(stream: &mut TcpStream) {
     }
 }
 
-fn accept_loop(shared: &Arc<Shared>, listener: &TcpListener) {
+fn accept_loop(shared: &Arc<Shared>, listener: &TcpListener, workers: &[Arc<worker::Mailbox>]) {
     for stream in listener.incoming() {
         if shared.stopping.load(Ordering::SeqCst) {
             return;
@@ -343,16 +369,12 @@ fn accept_loop(shared: &Arc<Shared>, listener: &TcpListener) {
             turn_away(&mut stream);
             continue;
         };
-        let s = shared.clone();
-        let spawned = std::thread::Builder::new()
-            .name(format!("kv-conn-{id}"))
-            .spawn(move || {
-                conn::run(&s, stream, id);
-                s.leave(id);
-            });
-        if let Err(e) = spawned {
-            eprintln!("critio-kv: cannot start a connection thread: {e}");
+        let _ = stream.set_nodelay(true);
+        if let Err(e) = stream.set_nonblocking(true) {
+            eprintln!("critio-kv: cannot make a connection non-blocking: {e}");
             shared.leave(id);
+            continue;
         }
+        workers[(id as usize) % workers.len()].post(conn::Conn::new(id, stream));
     }
 }

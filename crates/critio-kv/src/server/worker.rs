@@ -1,0 +1,361 @@
+//! The request workers: a few foreground threads (one per core by
+//! default), each running an event loop over its share of the connections,
+//! in rounds, as Redis's event loop does:
+//!
+//! ```text
+//!  epoll_wait ─> the connections with input (or room to send)
+//!   round:  engine.defer_commits()
+//!           each one: read what it has ─> run its complete requests
+//!                     (writes logged and applied, their commits deferred)
+//!           commit once: wait until the round's highest LSN is durable
+//!             (the worker is foreground, so the log writer inherits: the
+//!              batch write and flush are critical at every layer)
+//!           each one: send its replies; what the socket does not take
+//!                     waits for EPOLLOUT, and the connection reads nothing
+//!                     more until it is sent
+//! ```
+//!
+//! Why: with a thread per connection every request costs a wake-up and a
+//! context switch or two (the read, the commit), and twenty runnable
+//! request threads on two cores queue behind each other's time slices;
+//! that, not the device, was the tail of GET on a real file (p99.9 3.3 ms
+//! against Redis's 0.4 ms with the same load). A round serves every ready
+//! client for one wake-up and one commit wait.
+//!
+//! What a round costs a client: a reply waits for the round's commit, so a
+//! read in the same round as a write waits for that write's flush (Redis's
+//! `appendfsync always` does the same). A request that waits for the device
+//! (a cache miss, a full log) holds its worker and the worker's other
+//! clients meanwhile; the other workers go on.
+
+use std::collections::HashMap;
+use std::io;
+use std::os::fd::OwnedFd;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use rustix::buffer::spare_capacity;
+use rustix::event::{epoll, eventfd, EventfdFlags, Timespec};
+
+use super::conn::Conn;
+use super::Shared;
+
+/// The event-loop token of a worker's wake-up eventfd.
+const WAKE: u64 = u64::MAX;
+/// How long a worker sleeps with nothing to do (it checks idle clients and
+/// the stop flag at least this often).
+const TICK: Duration = Duration::from_millis(100);
+/// Events taken per `epoll_wait`.
+const EVENTS: usize = 256;
+
+/// Where the acceptor hands a worker its new connections.
+pub(crate) struct Mailbox {
+    inbox: Mutex<Vec<Conn>>,
+    wake: OwnedFd,
+}
+
+impl Mailbox {
+    pub(crate) fn new() -> io::Result<Mailbox> {
+        let wake = eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)?;
+        Ok(Mailbox {
+            inbox: Mutex::new(Vec::new()),
+            wake,
+        })
+    }
+
+    /// Hands `conn` to the worker.
+    pub(crate) fn post(&self, conn: Conn) {
+        self.inbox.lock().push(conn);
+        self.wake();
+    }
+
+    /// Wakes the worker (a new connection, or the server is stopping).
+    pub(crate) fn wake(&self) {
+        let _ = rustix::io::write(&self.wake, &1u64.to_ne_bytes());
+    }
+
+    fn drain_wake(&self) {
+        let mut buf = [0u8; 8];
+        let _ = rustix::io::read(&self.wake, &mut buf);
+    }
+}
+
+/// Which readiness a connection waits for.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Interest {
+    /// Input (nothing left to send).
+    Read,
+    /// Room to send (replies pending; reads wait).
+    Write,
+}
+
+impl Interest {
+    fn flags(self) -> epoll::EventFlags {
+        match self {
+            Interest::Read => epoll::EventFlags::IN | epoll::EventFlags::RDHUP,
+            Interest::Write => epoll::EventFlags::OUT,
+        }
+    }
+}
+
+struct Entry {
+    conn: Conn,
+    interest: Interest,
+}
+
+/// One worker's event loop.
+struct Worker<'a> {
+    shared: &'a Shared,
+    mailbox: &'a Mailbox,
+    epoll: OwnedFd,
+    conns: HashMap<u64, Entry>,
+    /// Connections with complete requests left in their input after a
+    /// round (they run next round without waiting for the socket).
+    runnable: Vec<u64>,
+    last_idle_scan: Instant,
+}
+
+/// Runs a worker until the server stops. Failures to set up the event loop
+/// are printed, and the worker's connections are closed.
+pub(crate) fn run(shared: &Arc<Shared>, mailbox: &Mailbox) {
+    // The enlightenment API: this thread serves requests.
+    critio::context::set_foreground();
+    let epoll = match epoll::create(epoll::CreateFlags::CLOEXEC) {
+        Ok(fd) => fd,
+        Err(e) => {
+            eprintln!("critio-kv: a worker cannot create its event loop: {e}");
+            return;
+        }
+    };
+    if let Err(e) = epoll::add(
+        &epoll,
+        &mailbox.wake,
+        epoll::EventData::new_u64(WAKE),
+        epoll::EventFlags::IN,
+    ) {
+        eprintln!("critio-kv: a worker cannot watch its mailbox: {e}");
+        return;
+    }
+    let mut w = Worker {
+        shared,
+        mailbox,
+        epoll,
+        conns: HashMap::new(),
+        runnable: Vec::new(),
+        last_idle_scan: Instant::now(),
+    };
+    w.serve();
+}
+
+impl Worker<'_> {
+    fn serve(&mut self) {
+        let mut events = Vec::with_capacity(EVENTS);
+        let mut ready: Vec<(u64, bool)> = Vec::with_capacity(EVENTS);
+        let tick = Timespec::try_from(TICK).expect("the tick fits a timespec");
+        let zero = Timespec::default();
+        loop {
+            let timeout = if self.runnable.is_empty() {
+                &tick
+            } else {
+                &zero
+            };
+            events.clear();
+            match epoll::wait(&self.epoll, spare_capacity(&mut events), Some(timeout)) {
+                Ok(_) => {}
+                Err(rustix::io::Errno::INTR) => continue,
+                Err(e) => {
+                    eprintln!("critio-kv: epoll_wait: {e}");
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+            }
+            ready.clear();
+            for ev in &events {
+                // A copy: the kernel's event struct is packed.
+                let (flags, data) = (ev.flags, ev.data);
+                let token = data.u64();
+                if token == WAKE {
+                    self.mailbox.drain_wake();
+                    self.adopt();
+                } else {
+                    let writable = flags.intersects(
+                        epoll::EventFlags::OUT | epoll::EventFlags::ERR | epoll::EventFlags::HUP,
+                    );
+                    ready.push((token, writable));
+                }
+            }
+            ready.extend(self.runnable.drain(..).map(|t| (t, false)));
+            ready.sort_unstable();
+            ready.dedup_by_key(|(t, _)| *t);
+            if self.shared.stopping.load(Ordering::SeqCst) {
+                self.finish();
+                return;
+            }
+            self.round(&ready);
+            self.close_idle();
+        }
+    }
+
+    /// Registers the connections the acceptor posted.
+    fn adopt(&mut self) {
+        let new = std::mem::take(&mut *self.mailbox.inbox.lock());
+        for conn in new {
+            let id = conn.id;
+            let added = epoll::add(
+                &self.epoll,
+                &conn.stream,
+                epoll::EventData::new_u64(id),
+                Interest::Read.flags(),
+            );
+            if let Err(e) = added {
+                eprintln!("critio-kv: cannot watch connection {id}: {e}");
+                self.shared.leave(id);
+                continue;
+            }
+            self.conns.insert(
+                id,
+                Entry {
+                    conn,
+                    interest: Interest::Read,
+                },
+            );
+        }
+    }
+
+    /// One round over the ready connections (see the module doc).
+    fn round(&mut self, ready: &[(u64, bool)]) {
+        let shared = self.shared;
+        let round = shared.backend.engine.defer_commits();
+        let lsn = || round.lsn();
+        let mut touched = Vec::with_capacity(ready.len());
+        let mut dead = Vec::new();
+        for &(id, writable) in ready {
+            let Some(e) = self.conns.get_mut(&id) else {
+                continue;
+            };
+            let c = &mut e.conn;
+            if c.pending_output() {
+                if !writable {
+                    continue;
+                }
+                match c.send(self.shared) {
+                    Ok(true) => {}
+                    Ok(false) => continue,
+                    Err(_) => {
+                        dead.push(id);
+                        continue;
+                    }
+                }
+            }
+            if c.read_available(self.shared).is_err() {
+                dead.push(id);
+                continue;
+            }
+            c.run_requests(self.shared, &lsn);
+            touched.push(id);
+        }
+        let committed = round.commit().map_err(|e| e.to_string());
+        drop(round);
+        for id in touched {
+            let Some(e) = self.conns.get_mut(&id) else {
+                continue;
+            };
+            match &committed {
+                Ok(()) => e.conn.acknowledge(),
+                Err(why) => e.conn.fail_round(why),
+            }
+            if e.conn.send(self.shared).is_err() || e.conn.done() {
+                dead.push(id);
+                continue;
+            }
+            let want = if e.conn.pending_output() {
+                Interest::Write
+            } else {
+                Interest::Read
+            };
+            if want != e.interest {
+                let changed = epoll::modify(
+                    &self.epoll,
+                    &e.conn.stream,
+                    epoll::EventData::new_u64(id),
+                    want.flags(),
+                );
+                if changed.is_err() {
+                    dead.push(id);
+                    continue;
+                }
+                e.interest = want;
+            }
+            if want == Interest::Read && e.conn.has_runnable_input() {
+                self.runnable.push(id);
+            }
+        }
+        for id in dead {
+            self.close(id);
+        }
+    }
+
+    fn close(&mut self, id: u64) {
+        if let Some(e) = self.conns.remove(&id) {
+            let _ = epoll::delete(&self.epoll, &e.conn.stream);
+            self.shared.leave(id);
+        }
+    }
+
+    /// Closes clients silent longer than `idle_timeout_ms` (checked once
+    /// a tick; a client with replies still to take is not idle).
+    fn close_idle(&mut self) {
+        let timeout = self.shared.cfg.idle_timeout_ms;
+        if timeout == 0 || self.last_idle_scan.elapsed() < TICK {
+            return;
+        }
+        self.last_idle_scan = Instant::now();
+        let limit = Duration::from_millis(timeout);
+        let idle: Vec<u64> = self
+            .conns
+            .iter()
+            .filter(|(_, e)| !e.conn.pending_output() && e.conn.last_active.elapsed() >= limit)
+            .map(|(&id, _)| id)
+            .collect();
+        for id in idle {
+            self.close(id);
+        }
+    }
+
+    /// The server is stopping: every connection runs the requests it has
+    /// received, sends their replies (blocking, until the stop's deadline),
+    /// and closes.
+    fn finish(&mut self) {
+        self.adopt();
+        let deadline = Instant::now() + Duration::from_millis(self.shared.cfg.shutdown_timeout_ms);
+        let ids: Vec<u64> = self.conns.keys().copied().collect();
+        let engine = &self.shared.backend.engine;
+        for id in ids {
+            let Some(e) = self.conns.get_mut(&id) else {
+                continue;
+            };
+            let c = &mut e.conn;
+            let _ = c.read_available(self.shared);
+            let _ = c.stream.set_nonblocking(false);
+            loop {
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() || c.stream.set_write_timeout(Some(left)).is_err() {
+                    break;
+                }
+                let round = engine.defer_commits();
+                let lsn = || round.lsn();
+                c.run_requests(self.shared, &lsn);
+                match round.commit() {
+                    Ok(()) => c.acknowledge(),
+                    Err(err) => c.fail_round(&err.to_string()),
+                }
+                drop(round);
+                if !matches!(c.send(self.shared), Ok(true)) || !c.has_runnable_input() {
+                    break;
+                }
+            }
+            self.close(id);
+        }
+    }
+}
