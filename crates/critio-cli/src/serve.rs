@@ -193,7 +193,7 @@ fn describe_settings(
         nice_from,
         f.server.workers_in_effect(),
         if f.server.workers == 0 {
-            "one per core"
+            "default: one per two cores"
         } else {
             "from --config"
         },

@@ -1,5 +1,5 @@
 //! critio-kv: a Redis-protocol (RESP2) key-value server built only on
-//! critio's layers. Its request workers (event loops, one per core) are
+//! critio's layers. Its request workers (event loops, one per two cores) are
 //! marked foreground; its checkpoint, snapshot and log-rewrite threads are
 //! not.
 //!

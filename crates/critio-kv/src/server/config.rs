@@ -3,7 +3,7 @@
 //! ```toml
 //! [server]
 //! bind = "127.0.0.1:6390"
-//! workers = 0                 # request event loops (0: one per core)
+//! workers = 0                 # request event loops (0: one per two cores)
 //! max_clients = 1000          # a client beyond it gets an error and is closed
 //! max_frame_bytes = 8388608   # one request frame (8 MiB)
 //! max_args = 1048576          # arguments in one request
@@ -35,8 +35,10 @@ pub struct ServerConfig {
     /// both can run side by side).
     pub bind: String,
     /// Request workers: foreground threads, each an event loop over its
-    /// share of the connections. Default 0: one per core. At most
-    /// [`WORKERS_MAX`].
+    /// share of the connections. Default 0: one per two cores (at least
+    /// one), leaving the other cores to the log writer, the background
+    /// jobs and the kernel's network stack; more workers serve more cache
+    /// misses at once (a miss holds its worker). At most [`WORKERS_MAX`].
     pub workers: u32,
     /// Clients connected at once. Default 1000, at most
     /// [`MAX_CLIENTS_LIMIT`].
@@ -88,10 +90,11 @@ fn invalid(field: &'static str, value: impl ToString, allowed: &str) -> ServerEr
 }
 
 impl ServerConfig {
-    /// The number of request workers `workers` gives (0: one per core).
+    /// The number of request workers `workers` gives (0: one per two
+    /// cores, at least one).
     pub fn workers_in_effect(&self) -> usize {
         match self.workers {
-            0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+            0 => std::thread::available_parallelism().map_or(1, |n| n.get().div_ceil(2)),
             n => n as usize,
         }
     }
@@ -109,7 +112,7 @@ impl ServerConfig {
             return Err(invalid(
                 "server.workers",
                 self.workers,
-                "must be within 0..=256 (0: one per core)",
+                "must be within 0..=256 (0: one per two cores)",
             ));
         }
         if !(1..=MAX_CLIENTS_LIMIT).contains(&self.max_clients) {

@@ -1,5 +1,5 @@
-//! The Redis-protocol (RESP2) server: a few request workers (one per core
-//! by default), each a foreground thread running an event loop over its
+//! The Redis-protocol (RESP2) server: a few request workers (one per two
+//! cores by default), each a foreground thread running an event loop over its
 //! share of the connections. Marking the workers foreground is the line
 //! paper 000 added to Redis.
 //!

@@ -1,4 +1,4 @@
-//! The request workers: a few foreground threads (one per core by
+//! The request workers: a few foreground threads (one per two cores by
 //! default), each running an event loop over its share of the connections,
 //! in rounds, as Redis's event loop does:
 //!
