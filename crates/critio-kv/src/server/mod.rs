@@ -290,12 +290,15 @@ impl Server {
     }
 
     fn stop(&mut self) -> usize {
-        let Some(acceptor) = self.acceptor.take() else {
+        // Once (shutdown, then drop); also after a start that failed with
+        // some workers already running.
+        if self.shared.stopping.swap(true, Ordering::SeqCst) {
             return 0;
-        };
-        self.shared.stopping.store(true, Ordering::SeqCst);
-        wake_acceptor(self.shared.addr);
-        let _ = acceptor.join();
+        }
+        if let Some(acceptor) = self.acceptor.take() {
+            wake_acceptor(self.shared.addr);
+            let _ = acceptor.join();
+        }
         let deadline = Instant::now() + Duration::from_millis(self.shared.cfg.shutdown_timeout_ms);
         for (mailbox, _) in &self.workers {
             mailbox.wake();

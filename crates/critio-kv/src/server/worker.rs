@@ -186,8 +186,13 @@ impl Worker<'_> {
                 }
             }
             ready.extend(self.runnable.drain(..).map(|t| (t, false)));
-            ready.sort_unstable();
-            ready.dedup_by_key(|(t, _)| *t);
+            ready.sort_unstable_by_key(|(t, _)| *t);
+            // One entry a connection, writable if any of its entries is.
+            ready.dedup_by(|later, kept| {
+                let same = later.0 == kept.0;
+                kept.1 |= same && later.1;
+                same
+            });
             if self.shared.stopping.load(Ordering::SeqCst) {
                 self.finish();
                 return;
