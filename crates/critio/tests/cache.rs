@@ -372,10 +372,22 @@ proptest! {
     /// reads back what was last written, and after a final flush so does a
     /// new cache over the same device.
     #[test]
-    fn the_cache_reads_back_what_was_last_written(ops in proptest::collection::vec(cache_op(), 1..60)) {
+    fn the_cache_reads_back_what_was_last_written(
+        ops in proptest::collection::vec(cache_op(), 1..60),
+        sharded in any::<bool>(),
+    ) {
         let dev: Arc<dyn Device> = Arc::new(MemDevice::new(4 * MIB));
         let block = Arc::new(BlockLayer::new(dev, BlockConfig::default()).unwrap());
-        let cfg = CacheConfig { capacity_bytes: 16 * PAGE as u64, dirty_expire_ms: 5, ..CacheConfig::default() };
+        // One part of 16 frames, or four of 16 with stripes of two pages
+        // (so a file's pages spread over the parts).
+        let (shards, batch) = if sharded { (4, 2) } else { (1, 32) };
+        let cfg = CacheConfig {
+            capacity_bytes: 16 * shards as u64 * PAGE as u64,
+            dirty_expire_ms: 5,
+            shards,
+            writeback_batch_pages: batch,
+            ..CacheConfig::default()
+        };
         let cache = PageCache::new(block.clone(), cfg, &SyncConfig::default()).unwrap();
         let files = [cache.add_file("a", 0, FILE_LEN).unwrap(), cache.add_file("b", MIB, FILE_LEN).unwrap()];
         let mut model = vec![vec![0u8; FILE_LEN as usize]; 2];

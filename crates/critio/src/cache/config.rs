@@ -35,6 +35,14 @@ pub struct CacheConfig {
     pub writeback_batch_pages: u32,
     /// Most writeback writes in flight at once. Default 16.
     pub writeback_inflight: u32,
+    /// Independent parts of the cache, each with its own lock, frames and
+    /// replacement; a page's part is chosen by a hash of its file and its
+    /// stripe of `writeback_batch_pages` pages (so a writeback run stays in
+    /// one part). More parts: a request's page lookup rarely meets a
+    /// background scan's lock hold. 0 (the default): one per 1024 frames,
+    /// a power of two from 1 to 64. At most 1024, and each part holds at
+    /// least 16 frames.
+    pub shards: u32,
 }
 
 impl Default for CacheConfig {
@@ -50,6 +58,7 @@ impl Default for CacheConfig {
             dirty_expire_ms: 1000,
             writeback_batch_pages: 32,
             writeback_inflight: 16,
+            shards: 0,
         }
     }
 }
@@ -104,12 +113,31 @@ impl CacheConfig {
                 "batch pages and writeback_inflight must be at least 1",
             ));
         }
+        if self.shards > 1024 || self.frames() < 16 * self.shards as usize {
+            return Err(invalid(
+                "cache.shards",
+                self.shards,
+                "must be at most 1024, with at least 16 frames each (0: automatic)",
+            ));
+        }
         Ok(())
     }
 
     /// How many frames the cache has.
     pub fn frames(&self) -> usize {
         (self.capacity_bytes / u64::from(self.page_bytes)) as usize
+    }
+
+    /// How many parts (shards) the cache has: `shards`, or for 0 one per
+    /// 1024 frames, a power of two from 1 to 64.
+    pub fn shard_count(&self) -> usize {
+        match self.shards {
+            0 => {
+                let per = (self.frames() / 1024).clamp(1, 64);
+                1 << per.ilog2()
+            }
+            n => n as usize,
+        }
     }
 }
 
@@ -135,5 +163,29 @@ mod tests {
         .unwrap_err();
         assert!(e.to_string().contains("noncritical_dirty_pct"), "{e}");
         assert_eq!(CacheConfig::default().frames(), 16384);
+    }
+
+    #[test]
+    fn parts_grow_with_the_cache_up_to_64_and_too_many_is_an_error() {
+        let of = |mib: u64| {
+            CacheConfig {
+                capacity_bytes: mib << 20,
+                ..CacheConfig::default()
+            }
+            .shard_count()
+        };
+        assert_eq!(of(1), 1); // 256 frames
+        assert_eq!(of(8), 2); // 2048 frames
+        assert_eq!(of(64), 16);
+        assert_eq!(of(1024), 64);
+        assert_eq!(of(4096), 64);
+        let e = CacheConfig {
+            capacity_bytes: 1 << 20,
+            shards: 32,
+            ..CacheConfig::default()
+        }
+        .validate()
+        .unwrap_err();
+        assert!(e.to_string().contains("cache.shards"), "{e}");
     }
 }

@@ -20,6 +20,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use super::list::{ListId, Lists};
@@ -144,13 +145,27 @@ pub(crate) struct Frames {
     map: PageMap,
     unflushed: BTreeSet<PageKey>,
     dirty: [usize; 2],
+    /// Dirty counts per class summed over every part of the cache (each
+    /// part's `Frames` adds its changes), read without any part's lock.
+    shared_dirty: Arc<[AtomicUsize; 2]>,
 }
 
 impl Frames {
     /// `count` free frames of `page_bytes`. The bytes are one zeroed
     /// allocation, so a large cache costs no time to create and no memory
     /// until its pages are used.
+    #[cfg(test)]
     pub(crate) fn new(count: usize, page_bytes: usize) -> Self {
+        Self::with_shared(count, page_bytes, Arc::default())
+    }
+
+    /// `count` free frames whose dirty counts are also added to
+    /// `shared_dirty` (shared by the parts of one cache).
+    pub(crate) fn with_shared(
+        count: usize,
+        page_bytes: usize,
+        shared_dirty: Arc<[AtomicUsize; 2]>,
+    ) -> Self {
         assert!(count >= 1);
         assert!(page_bytes >= 1);
         let frames = (0..count)
@@ -177,6 +192,22 @@ impl Frames {
             map: PageMap::default(),
             unflushed: BTreeSet::new(),
             dirty: [0; 2],
+            shared_dirty,
+        }
+    }
+
+    /// Counts one more (or one fewer) dirty page of `class`.
+    fn count_dirty(&mut self, class: Class, more: bool) {
+        let (local, shared) = (
+            &mut self.dirty[class.index()],
+            &self.shared_dirty[class.index()],
+        );
+        if more {
+            *local += 1;
+            shared.fetch_add(1, Ordering::Relaxed);
+        } else {
+            *local -= 1;
+            shared.fetch_sub(1, Ordering::Relaxed);
         }
     }
 
@@ -207,14 +238,10 @@ impl Frames {
         self.frames[i].referenced = true;
     }
 
-    /// Dirty pages (dirty or under writeback) per class.
+    /// Dirty pages (dirty or under writeback) of this part, per class.
+    #[cfg(test)]
     pub(crate) fn dirty(&self, class: Class) -> usize {
         self.dirty[class.index()]
-    }
-
-    /// Dirty pages of both classes.
-    pub(crate) fn dirty_total(&self) -> usize {
-        self.dirty[0] + self.dirty[1]
     }
 
     /// Moves frame `i` to the list of its (new) state.
@@ -333,14 +360,14 @@ impl Frames {
         };
         if newly {
             f.class = class;
-            self.dirty[class.index()] += 1;
             let key = f.key.expect("a written frame has a page");
+            self.count_dirty(class, true);
             self.unflushed.insert(key);
             self.relist(i);
         } else if class == Class::Critical && f.class == Class::NonCritical {
             f.class = Class::Critical;
-            self.dirty[0] += 1;
-            self.dirty[1] -= 1;
+            self.count_dirty(Class::Critical, true);
+            self.count_dirty(Class::NonCritical, false);
         }
         newly
     }
@@ -383,9 +410,9 @@ impl Frames {
             f.state = State::Dirty;
         } else {
             f.state = State::Clean;
-            self.dirty[f.class.index()] -= 1;
+            let (class, key) = (f.class, f.key.expect("a written frame has a page"));
             f.class = Class::NonCritical;
-            let key = f.key.expect("a written frame has a page");
+            self.count_dirty(class, false);
             self.unflushed.remove(&key);
         }
         self.relist(i);

@@ -19,6 +19,16 @@
 //! | to flush a file with a page under writeback  | the same run                | the same                           |
 //! | to dirty a page, over its class's limit      | throttling (an admission stage) | woken to retry with the critical limit |
 //!
+//! The cache is split into parts (`cache.shards`; by default one per 1024
+//! frames, up to 64), each with its own lock, frames, CLOCK and dirty
+//! lists; a page's part is a hash of its file and stripe. A request's hit
+//! takes one part's lock for one page copy, so a background scan (a
+//! snapshot reading every page, writeback copying runs) holds the lock
+//! the request needs only a fraction of the time, and a background holder
+//! preempted by the CPU scheduler stalls 1/parts of the requests instead of
+//! all of them. Dirty counts are summed across parts in atomics, so
+//! throttling decisions take no lock.
+//!
 //! Writeback writes a *copy* of each page, so readers never wait for it and
 //! writers re-dirty freely; only a second write of the same page waits for
 //! the first (writes to one place stay ordered).
@@ -36,7 +46,7 @@ mod pending;
 mod throttle;
 mod writeback;
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
@@ -102,8 +112,13 @@ struct FileInfo {
     len: u64,
 }
 
+/// One part (shard) of the cache: its frames, under its own lock.
 pub(crate) struct Core {
     frames: Frames,
+}
+
+/// The writeback thread's mailbox.
+struct WbState {
     shutdown: bool,
     kicked: bool,
 }
@@ -125,7 +140,13 @@ pub(crate) struct Inner {
     page: usize,
     sync: SyncOptions,
     clock: Clock,
-    core: Mutex<Core>,
+    /// The parts of the cache; a page lives in `shard_of(key)`.
+    shards: Box<[Mutex<Core>]>,
+    /// Pages per stripe: a stripe of a file lies in one part.
+    stripe: u64,
+    /// Dirty pages per class, summed over the parts.
+    dirty: Arc<[AtomicUsize; 2]>,
+    wb: Mutex<WbState>,
     wb_cv: Condvar,
     files: RwLock<Vec<FileInfo>>,
     throttle: Arc<Throttle>,
@@ -178,14 +199,27 @@ impl PageCache {
     ) -> Result<Self, ConfigError> {
         cfg.validate()?;
         let page = cfg.page_bytes as usize;
+        let dirty: Arc<[AtomicUsize; 2]> = Arc::default();
+        let (count, frames) = (cfg.shard_count(), cfg.frames());
+        let shards = (0..count)
+            .map(|s| {
+                // The remainder's frames go one each to the first parts.
+                let n = frames / count + usize::from(s < frames % count);
+                Mutex::new(Core {
+                    frames: Frames::with_shared(n, page, dirty.clone()),
+                })
+            })
+            .collect();
         let inner = Arc::new(Inner {
             block,
             cfg,
             page,
             sync: sync.options("cache"),
             clock: Clock::new(),
-            core: Mutex::new(Core {
-                frames: Frames::new(cfg.frames(), page),
+            shards,
+            stripe: u64::from(cfg.writeback_batch_pages),
+            dirty,
+            wb: Mutex::new(WbState {
                 shutdown: false,
                 kicked: false,
             }),
@@ -341,7 +375,7 @@ impl PageCache {
         let mut done = 0;
         for &(key, in_page, n) in &pages {
             // One page per lock hold: a long scan never holds the cache.
-            let core = self.inner.core.lock();
+            let core = self.inner.shard(key).lock();
             let cached = core
                 .frames
                 .lookup(key)
@@ -394,7 +428,11 @@ impl PageCache {
 
     /// Makes every write to every file so far durable.
     pub fn flush_all(&self) -> Result<(), CacheError> {
-        let files = self.inner.core.lock().frames.files_with_unflushed();
+        let mut files: Vec<FileId> = (self.inner.shards.iter())
+            .flat_map(|s| s.lock().frames.files_with_unflushed())
+            .collect();
+        files.sort_unstable();
+        files.dedup();
         for f in files {
             self.inner.flush_file(f)?;
         }
@@ -403,7 +441,9 @@ impl PageCache {
 
     /// Drops every clean page (a cold cache, for tests and experiments).
     pub fn drop_clean(&self) -> usize {
-        self.inner.core.lock().frames.drop_clean()
+        (self.inner.shards.iter())
+            .map(|s| s.lock().frames.drop_clean())
+            .sum()
     }
 
     /// Waits in dirty throttling until the caller's class may dirty a page
@@ -412,11 +452,7 @@ impl PageCache {
     /// `balance_dirty_pages`, before the critical section instead of
     /// inside it). A write may still throttle if others dirtied meanwhile.
     pub fn balance_dirty(&self) -> Result<(), CacheError> {
-        let allowed = {
-            let core = self.inner.core.lock();
-            self.inner.may_dirty(&core.frames, context::current_class())
-        };
-        if allowed {
+        if self.inner.may_dirty(context::current_class()) {
             return Ok(());
         }
         self.inner
@@ -429,7 +465,6 @@ impl PageCache {
     /// The counters.
     pub fn stats(&self) -> CacheStats {
         let c = &self.inner.counters;
-        let core = self.inner.core.lock();
         CacheStats {
             hits: c.hits.load(Ordering::Relaxed),
             misses: c.misses.load(Ordering::Relaxed),
@@ -438,9 +473,14 @@ impl PageCache {
             read_through_pages: c.read_through_pages.load(Ordering::Relaxed),
             writeback_pages: c.writeback_pages.load(Ordering::Relaxed),
             writeback_errors: c.writeback_errors.load(Ordering::Relaxed),
-            dirty_critical: core.frames.dirty(Class::Critical),
-            dirty_noncritical: core.frames.dirty(Class::NonCritical),
-            frames: core.frames.len(),
+            dirty_critical: self.inner.dirty(Class::Critical),
+            dirty_noncritical: self.inner.dirty(Class::NonCritical),
+            frames: self
+                .inner
+                .shards
+                .iter()
+                .map(|s| s.lock().frames.len())
+                .sum(),
         }
     }
 
@@ -457,7 +497,7 @@ impl PageCache {
 
 impl Drop for PageCache {
     fn drop(&mut self) {
-        self.inner.core.lock().shutdown = true;
+        self.inner.wb.lock().shutdown = true;
         self.inner.wb_cv.notify_all();
         if let Some(t) = self.writeback.take() {
             let _ = t.join();
@@ -469,11 +509,42 @@ impl Drop for PageCache {
 enum Act {
     Wait(Arc<PendingIo>),
     Load(usize, Arc<PendingIo>),
+    /// Write back this frame of the page's part.
     Reclaim(usize),
     Throttle,
 }
 
 impl Inner {
+    /// The part of the cache that holds `key`'s page: a hash of its file
+    /// and stripe.
+    fn shard_index(&self, key: PageKey) -> usize {
+        let n = self.shards.len();
+        if n == 1 {
+            return 0;
+        }
+        let mut h = self::core::PageHasher::default();
+        std::hash::Hasher::write_u32(&mut h, key.file);
+        std::hash::Hasher::write_u64(&mut h, key.page / self.stripe);
+        // The multiplicative hash's high bits are its best mixed.
+        ((std::hash::Hasher::finish(&h) >> 32) as usize) % n
+    }
+
+    /// The part of the cache that holds `key`'s page.
+    fn shard(&self, key: PageKey) -> &Mutex<Core> {
+        &self.shards[self.shard_index(key)]
+    }
+
+    /// Dirty pages (dirty or under writeback) of `class`, over all parts.
+    fn dirty(&self, class: Class) -> usize {
+        self.dirty[class.index()].load(Ordering::Relaxed)
+    }
+
+    /// Wakes the writeback thread.
+    fn kick(&self) {
+        self.wb.lock().kicked = true;
+        self.wb_cv.notify_one();
+    }
+
     /// A file's place on the device: (base, length).
     fn file(&self, file: FileId) -> (u64, u64) {
         self.files
@@ -536,7 +607,7 @@ impl Inner {
     ) -> Result<R, CacheError> {
         loop {
             let act = {
-                let mut core = self.core.lock();
+                let mut core = self.shard(key).lock();
                 match core.frames.lookup(key) {
                     Some(i) => match &core.frames.frame(i).state {
                         State::Loading(p) => Act::Wait(p.clone()),
@@ -570,7 +641,7 @@ impl Inner {
                 // A failed I/O shows in the page's state on the retry.
                 Act::Wait(p) => drop(p.wait()),
                 Act::Load(i, p) => self.load(key, i, &p)?,
-                Act::Reclaim(i) => self.reclaim(i)?,
+                Act::Reclaim(i) => self.reclaim(key, i)?,
                 Act::Throttle => self.throttle_wait()?,
             }
         }
@@ -581,7 +652,7 @@ impl Inner {
     fn write_page(&self, core: &mut Core, i: usize, in_page: usize, src: &[u8]) -> Option<()> {
         let class = context::current_class();
         let would_dirty = matches!(core.frames.frame(i).state, State::Clean | State::Free);
-        if would_dirty && !self.may_dirty(&core.frames, class) {
+        if would_dirty && !self.may_dirty(class) {
             self.counters.throttled.fetch_add(1, Ordering::Relaxed);
             return None;
         }
@@ -591,10 +662,8 @@ impl Inner {
             data.fill(0); // a fresh page: none of its old bytes are wanted
         }
         data[in_page..in_page + src.len()].copy_from_slice(src);
-        core.frames.mark_written(i, class, self.clock.now());
-        if self.should_write_back(&core.frames) {
-            core.kicked = true;
-            self.wb_cv.notify_one();
+        if core.frames.mark_written(i, class, self.clock.now()) && self.near_limit() {
+            self.kick();
         }
         Some(())
     }
@@ -604,32 +673,25 @@ impl Inner {
     }
 
     /// Whether a writer of `class` may dirty one more page.
-    fn may_dirty(&self, frames: &Frames, class: Class) -> bool {
+    fn may_dirty(&self, class: Class) -> bool {
         if !self.cfg.dirty_limits {
-            return frames.dirty_total() < self.limit(self.cfg.shared_dirty_pct);
+            let total = self.dirty(Class::Critical) + self.dirty(Class::NonCritical);
+            return total < self.limit(self.cfg.shared_dirty_pct);
         }
         let pct = match class {
             Class::Critical => self.cfg.critical_dirty_pct,
             Class::NonCritical => self.cfg.noncritical_dirty_pct,
         };
-        frames.dirty(class) < self.limit(pct)
+        self.dirty(class) < self.limit(pct)
     }
 
     /// Waits in dirty throttling until the caller's class may dirty a page,
     /// or fails with the device's error if writeback is failing (a dead or
     /// full device would otherwise keep the writer waiting forever).
     fn throttle_wait(&self) -> Result<(), CacheError> {
-        let done = || {
-            let core = self.core.lock();
-            self.may_dirty(&core.frames, context::current_class()) || self.wb_error.lock().is_some()
-        };
-        let kick = || {
-            self.core.lock().kicked = true;
-            self.wb_cv.notify_one();
-        };
-        self.throttle.wait(done, kick);
-        let core = self.core.lock();
-        if self.may_dirty(&core.frames, context::current_class()) {
+        let done = || self.may_dirty(context::current_class()) || self.wb_error.lock().is_some();
+        self.throttle.wait(done, || self.kick());
+        if self.may_dirty(context::current_class()) {
             return Ok(());
         }
         match self.wb_error.lock().clone() {
@@ -649,7 +711,7 @@ impl Inner {
             p.issued(h.clone());
             h.wait_buf()
         });
-        let mut core = self.core.lock();
+        let mut core = self.shard(key).lock();
         match result {
             Ok(buf) => {
                 core.frames.data_mut(i).copy_from_slice(buf.as_slice());
@@ -667,14 +729,15 @@ impl Inner {
 
     /// Writes back dirty page `i` in the caller's class, so its frame can be
     /// reused (direct reclaim).
-    fn reclaim(&self, i: usize) -> Result<(), CacheError> {
+    fn reclaim(&self, key: PageKey, i: usize) -> Result<(), CacheError> {
         self.counters.reclaims.fetch_add(1, Ordering::Relaxed);
+        let shard = self.shard_index(key);
         let run = {
-            let mut core = self.core.lock();
+            let mut core = self.shards[shard].lock();
             if !matches!(core.frames.frame(i).state, State::Dirty) {
                 return Ok(()); // someone else cleaned it
             }
-            self.plan_runs(&mut core, vec![i])
+            self.plan_runs(shard, &mut core, vec![i])
         };
         let submitted = run.into_iter().map(|r| self.submit_run(r, true)).collect();
         self.finish_runs(submitted)
@@ -682,34 +745,37 @@ impl Inner {
 
     /// Writes the dirty pages of `file` (those dirty now; some dirtied
     /// meanwhile too) and waits for its pages under writeback, in the
-    /// caller's class, a bounded chunk of pages at a time (so no lock hold
-    /// grows with the number of dirty pages).
+    /// caller's class, a bounded chunk of pages of one part at a time (so
+    /// no lock hold grows with the number of dirty pages).
     fn flush_file(&self, file: FileId) -> Result<(), CacheError> {
         let chunk = (self.cfg.writeback_batch_pages * self.cfg.writeback_inflight) as usize;
-        let Some(end) = self.core.lock().frames.last_unflushed(file) else {
-            return Ok(());
-        };
-        let mut from = 0;
-        while from <= end {
-            let targets = self
-                .core
-                .lock()
-                .frames
-                .unflushed_of(file, from..=end, chunk);
-            let Some(&(last, _)) = targets.last() else {
-                return Ok(());
+        for shard in 0..self.shards.len() {
+            let Some(end) = self.shards[shard].lock().frames.last_unflushed(file) else {
+                continue;
             };
-            from = last.page + 1;
-            self.flush_pages(&targets)?;
+            let mut from = 0;
+            while from <= end {
+                let targets =
+                    self.shards[shard]
+                        .lock()
+                        .frames
+                        .unflushed_of(file, from..=end, chunk);
+                let Some(&(last, _)) = targets.last() else {
+                    break;
+                };
+                from = last.page + 1;
+                self.flush_pages(shard, &targets)?;
+            }
         }
         Ok(())
     }
 
-    /// Makes the writes up to each target's write sequence durable.
-    fn flush_pages(&self, targets: &[(PageKey, u64)]) -> Result<(), CacheError> {
+    /// Makes the writes up to each target's write sequence durable (the
+    /// targets are pages of part `shard`).
+    fn flush_pages(&self, shard: usize, targets: &[(PageKey, u64)]) -> Result<(), CacheError> {
         loop {
             let (runs, waits) = {
-                let mut core = self.core.lock();
+                let mut core = self.shards[shard].lock();
                 let (mut dirty, mut waits) = (Vec::new(), Vec::new());
                 for &(key, seq) in targets {
                     let Some(i) = core.frames.lookup(key) else {
@@ -725,7 +791,7 @@ impl Inner {
                         _ => {}
                     }
                 }
-                (self.plan_runs(&mut core, dirty), waits)
+                (self.plan_runs(shard, &mut core, dirty), waits)
             };
             if runs.is_empty() && waits.is_empty() {
                 return Ok(());

@@ -35,6 +35,7 @@ const ERROR_BACKOFF: Duration = Duration::from_millis(20);
 /// A run being written: its pages (frame, write sequence copied) and the
 /// shared pending I/O.
 pub(crate) struct Run {
+    shard: usize,
     pages: Vec<(usize, u64)>,
     offset: u64,
     buf: AlignedBuf,
@@ -43,6 +44,7 @@ pub(crate) struct Run {
 
 /// A submitted run.
 pub(crate) struct Submitted {
+    shard: usize,
     pages: Vec<(usize, u64)>,
     io: Result<IoHandle, BlockError>,
 }
@@ -59,6 +61,7 @@ impl Inner {
     /// one the run records).
     pub(crate) fn plan_runs(
         &self,
+        shard: usize,
         core: &mut MutexGuard<'_, Core>,
         frames: Vec<usize>,
     ) -> Vec<Run> {
@@ -76,6 +79,7 @@ impl Inner {
             let full = runs.last().is_some_and(|r| r.pages.len() == batch);
             if runs.is_empty() || !follows || full {
                 runs.push(Run {
+                    shard,
                     pages: Vec::new(),
                     offset: self.device_offset(key),
                     buf: AlignedBuf::zeroed(0),
@@ -114,6 +118,7 @@ impl Inner {
             Err(_) => run.pending.abandoned(),
         }
         Submitted {
+            shard: run.shard,
             pages: run.pages,
             io,
         }
@@ -127,7 +132,7 @@ impl Inner {
             let result = run.io.and_then(|h| h.wait());
             let ok = result.is_ok();
             {
-                let mut core = self.core.lock();
+                let mut core = self.shards[run.shard].lock();
                 for &(i, seq) in &run.pages {
                     core.frames.end_writeback(i, seq, ok);
                 }
@@ -156,45 +161,75 @@ impl Inner {
         (self.limit(pct) as f64 * self.cfg.background_pct / 100.0).max(1.0) as usize
     }
 
-    /// Whether the writeback thread has work: a throttled writer, a class
-    /// near its limit, or an expired dirty page.
-    pub(crate) fn should_write_back(&self, frames: &super::core::Frames) -> bool {
+    /// Whether writeback should start now without waiting for expiry: a
+    /// throttled writer, or a class near its limit. O(1), no lock.
+    pub(crate) fn near_limit(&self) -> bool {
         if self.throttle.has_waiters() {
             return true;
         }
-        let near = if self.cfg.dirty_limits {
-            frames.dirty(Class::Critical) >= self.background(self.cfg.critical_dirty_pct)
-                || frames.dirty(Class::NonCritical)
-                    >= self.background(self.cfg.noncritical_dirty_pct)
+        if self.cfg.dirty_limits {
+            self.dirty(Class::Critical) >= self.background(self.cfg.critical_dirty_pct)
+                || self.dirty(Class::NonCritical) >= self.background(self.cfg.noncritical_dirty_pct)
         } else {
-            frames.dirty_total() >= self.background(self.cfg.shared_dirty_pct)
-        };
-        let expire = self.cfg.dirty_expire_ms * MS;
-        near || frames
-            .oldest_dirty_at()
-            .is_some_and(|t| self.clock.now().saturating_sub(t) >= expire)
+            self.dirty(Class::Critical) + self.dirty(Class::NonCritical)
+                >= self.background(self.cfg.shared_dirty_pct)
+        }
     }
 
-    /// The writeback thread's body.
+    /// When each part's page first in line for writeback was dirtied:
+    /// (dirtied at, part), oldest first. One short lock hold per part.
+    fn dirty_heads(&self) -> Vec<(u64, usize)> {
+        let mut heads: Vec<(u64, usize)> = (self.shards.iter().enumerate())
+            .filter_map(|(s, shard)| shard.lock().frames.oldest_dirty_at().map(|t| (t, s)))
+            .collect();
+        heads.sort_unstable();
+        heads
+    }
+
+    /// The writeback thread's body. Each round takes up to
+    /// `writeback_batch_pages * writeback_inflight` of the oldest dirty
+    /// pages: the parts are visited oldest head first, each giving its
+    /// oldest pages up to an equal share (at least one batch), so the
+    /// round is close to the oldest pages of the whole cache while no lock
+    /// hold grows with it.
     pub(crate) fn writeback_loop(self: Arc<Self>) {
         context::set_background();
         let most = (self.cfg.writeback_batch_pages * self.cfg.writeback_inflight) as usize;
+        let batch = self.cfg.writeback_batch_pages as usize;
+        let expire = self.cfg.dirty_expire_ms * MS;
         loop {
-            let runs = {
-                let mut core = self.core.lock();
-                loop {
-                    if core.shutdown {
-                        return;
-                    }
-                    if core.kicked || self.should_write_back(&core.frames) {
-                        break;
-                    }
-                    self.wb_cv.wait_for(&mut core, IDLE_CHECK);
+            let heads = {
+                let mut wb = self.wb.lock();
+                if wb.shutdown {
+                    return;
                 }
-                core.kicked = false;
-                let pick = core.frames.oldest_dirty(most);
-                self.plan_runs(&mut core, pick)
+                let kicked = std::mem::take(&mut wb.kicked);
+                drop(wb);
+                let heads = self.dirty_heads();
+                let expired = heads
+                    .first()
+                    .is_some_and(|&(t, _)| self.clock.now().saturating_sub(t) >= expire);
+                if !(kicked || expired || self.near_limit()) {
+                    let mut wb = self.wb.lock();
+                    if !wb.kicked && !wb.shutdown {
+                        self.wb_cv.wait_for(&mut wb, IDLE_CHECK);
+                    }
+                    continue;
+                }
+                heads
             };
+            let share = (most / heads.len().max(1)).max(batch);
+            let mut runs = Vec::new();
+            let mut left = most;
+            for &(_, shard) in &heads {
+                if left == 0 {
+                    break;
+                }
+                let mut core = self.shards[shard].lock();
+                let pick = core.frames.oldest_dirty(share.min(left));
+                left -= pick.len();
+                runs.extend(self.plan_runs(shard, &mut core, pick));
+            }
             if runs.is_empty() {
                 // Everything dirty is under writeback already: wait a bit.
                 std::thread::sleep(Duration::from_millis(1));
