@@ -184,7 +184,7 @@ fn describe_settings(
         f.critio.context.background_nice == base.critio.context.background_nice,
     );
     format!(
-        "critio-kv: page cache {} MiB ({}), checkpoint every {} ms ({}), background I/O at the device {} ({}), background CPU nice {} ({}), request workers {} ({})",
+        "critio-kv: page cache {} MiB ({}), checkpoint every {} ms ({}), background I/O at the device {} ({}), background CPU nice {} ({}), request workers {} ({}), cache-miss readers {} ({})",
         cache >> 20,
         from(cache == base.critio.cache.capacity_bytes),
         f.engine.checkpoint_interval_ms,
@@ -199,6 +199,8 @@ fn describe_settings(
         } else {
             "from --config"
         },
+        f.server.miss_readers,
+        from(f.server.miss_readers == base.server.miss_readers),
     )
 }
 

@@ -372,6 +372,60 @@ fn pipelines_are_answered_in_order() {
     assert_eq!(exchange(&mut s, b"CR\r\n$1\r\nx\r\n", 1), ":3\r\n");
 }
 
+/// GETs of values the page cache no longer holds park their connection
+/// while a miss reader loads them: a pipeline of GETs mixed with writes
+/// still gets every reply right and in order, and INFO counts the parked
+/// reads; with no miss readers the same replies come from blocking reads.
+#[test]
+fn gets_that_miss_the_cache_park_and_answer_in_order() {
+    for readers in [16, 0] {
+        let (server, _stack) = start(ServerConfig {
+            workers: 1,
+            miss_readers: readers,
+            ..server_config()
+        });
+        let mut c = client(server.local_addr());
+        // 3000 values of 4 KiB: three times the 4 MiB cache.
+        let value = |i: usize| format!("{i:04}").repeat(1024);
+        let mut p = redis::pipe();
+        for i in 0..3000 {
+            p.set(format!("m{i}"), value(i)).ignore();
+        }
+        p.query::<()>(&mut c).unwrap();
+        let mut p = redis::pipe();
+        for i in (0..3000).step_by(7) {
+            p.get(format!("m{i}"));
+            p.incr("n", 1);
+        }
+        let got: Vec<redis::Value> = p.query(&mut c).unwrap();
+        let mut n = 0;
+        for (k, i) in (0..3000).step_by(7).enumerate() {
+            let v: String = redis::from_redis_value(&got[2 * k]).unwrap();
+            assert!(v == value(i), "GET m{i} answered with another value");
+            n += 1;
+            let count: i64 = redis::from_redis_value(&got[2 * k + 1]).unwrap();
+            assert_eq!(count, n, "INCR out of order");
+        }
+        let info: String = ok(&mut c, &["INFO", "stats"]);
+        let parked: u64 = info
+            .lines()
+            .find_map(|l| l.strip_prefix("critio_reads_parked:"))
+            .expect("INFO stats has critio_reads_parked")
+            .trim()
+            .parse()
+            .unwrap();
+        if readers == 0 {
+            assert_eq!(parked, 0);
+        } else {
+            assert!(
+                parked > 0,
+                "no GET missed the cache: the test proves nothing"
+            );
+        }
+        assert_eq!(server.shutdown(), 0);
+    }
+}
+
 /// One worker, two clients: one sends a pipeline whose replies (about
 /// 20 MiB) it does not read for a while; the other is served meanwhile, and
 /// the first gets every reply, in order, once it reads.

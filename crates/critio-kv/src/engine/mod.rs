@@ -63,7 +63,7 @@ pub use checkpoint::{BackgroundStats, CheckpointReport};
 pub use entry::{Entry, Value};
 pub use group::Deferred;
 pub use layout::Layout;
-pub use ops::{FieldValues, SetOptions};
+pub use ops::{FieldValues, Prefetch, SetOptions};
 
 use index::Index;
 use vlog::Vlog;

@@ -45,6 +45,13 @@ pub(crate) struct Found {
     pub(crate) value: Option<Value>,
 }
 
+/// A value record [`Engine::try_get`] did not find in the page cache.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Prefetch {
+    addr: u64,
+    size: u32,
+}
+
 /// Milliseconds since the Unix epoch.
 pub(crate) fn now_ms() -> u64 {
     std::time::SystemTime::now()
@@ -164,7 +171,13 @@ impl Inner {
     /// Reads the value of the record at `loc`, checking it is `key`'s.
     pub(crate) fn load_value(&self, key: &[u8], loc: &Loc) -> Result<Value, EngineError> {
         let buf = self.vlog.read(loc.addr, loc.size)?;
-        let r = self.vlog.decode(loc.addr, &buf)?;
+        self.decode_value(key, loc, &buf)
+    }
+
+    /// The value of `key` from its record's bytes `buf`, checked to be
+    /// `key`'s.
+    fn decode_value(&self, key: &[u8], loc: &Loc, buf: &[u8]) -> Result<Value, EngineError> {
+        let r = self.vlog.decode(loc.addr, buf)?;
         if r.key != key || r.kind != loc.kind {
             return Err(EngineError::Corrupt(format!(
                 "value log record at {} is not key {:?}'s",
@@ -201,6 +214,26 @@ impl Inner {
         self.check_key(key)?;
         let stripe = self.index.lock(Index::stripe_of(key));
         self.lookup(&stripe, key, now_ms(), true)
+    }
+
+    /// Reads one key if its value is cached: Err(addr, size) names the
+    /// record to prefetch on a miss. Never waits for the device.
+    fn read_cached(&self, key: &[u8]) -> Result<Result<Option<Found>, Prefetch>, EngineError> {
+        self.check_key(key)?;
+        let stripe = self.index.lock(Index::stripe_of(key));
+        let Some(loc) = stripe.get(key).filter(|l| !l.expired(now_ms())) else {
+            return Ok(Ok(None));
+        };
+        match self.vlog.read_cached(loc.addr, loc.size)? {
+            Some(buf) => {
+                let value = Some(self.decode_value(key, &loc, &buf)?);
+                Ok(Ok(Some(Found { loc, value })))
+            }
+            None => Ok(Err(Prefetch {
+                addr: loc.addr,
+                size: loc.size,
+            })),
+        }
     }
 
     /// The write path: `decide` sees the current entries of `keys` (None:
@@ -362,6 +395,25 @@ impl Engine {
     pub fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, EngineError> {
         let found = self.inner.read(key)?;
         Ok(string(&found)?.cloned())
+    }
+
+    /// GET if the value is in the page cache; on a miss, what to
+    /// [`Engine::prefetch`] before GET finds it there. Never waits for the
+    /// device, so an event loop serving many clients can hand the miss to
+    /// a thread that may.
+    pub fn try_get(&self, key: &[u8]) -> Result<Result<Option<Vec<u8>>, Prefetch>, EngineError> {
+        Ok(match self.inner.read_cached(key)? {
+            Ok(found) => Ok(string(&found)?.cloned()),
+            Err(p) => Err(p),
+        })
+    }
+
+    /// Loads a value a [`Engine::try_get`] missed into the page cache, in
+    /// the caller's class (a foreground thread's read is critical). The
+    /// value's place may have changed meanwhile (an overwrite, a log
+    /// rewrite): then the retried GET misses or reads the new place.
+    pub fn prefetch(&self, p: &Prefetch) -> Result<(), EngineError> {
+        self.inner.vlog.prefetch(p.addr, p.size)
     }
 
     /// SET, with NX/XX/expiry. Returns whether it was set.

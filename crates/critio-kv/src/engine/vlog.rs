@@ -326,6 +326,23 @@ impl Vlog {
         Ok(buf)
     }
 
+    /// The record of `size` bytes at `addr` if every page of it is cached
+    /// (never waits for the device); None on a miss.
+    pub(crate) fn read_cached(&self, addr: u64, size: u32) -> Result<Option<Vec<u8>>, EngineError> {
+        let mut buf = vec![0u8; size as usize];
+        let hit = self
+            .cache
+            .read_cached(self.file, addr % self.region, &mut buf)?;
+        Ok(hit.then_some(buf))
+    }
+
+    /// Loads the pages of the record at `addr` into the cache.
+    pub(crate) fn prefetch(&self, addr: u64, size: u32) -> Result<(), EngineError> {
+        Ok(self
+            .cache
+            .prefetch(self.file, addr % self.region, size as usize)?)
+    }
+
     /// Decodes a record read with [`Vlog::read`].
     pub(crate) fn decode<'a>(&self, addr: u64, buf: &'a [u8]) -> Result<Record<'a>, EngineError> {
         match record::decode(buf, self.record_max) {

@@ -22,6 +22,12 @@ pub(crate) struct Session {
     pub name: Option<Vec<u8>>,
     /// QUIT was received: close after the reply.
     pub quit: bool,
+    /// A read that misses the page cache may park the connection instead
+    /// of waiting for the device (its worker has miss readers).
+    pub may_park: bool,
+    /// Set by a read that missed while `may_park`: the request did not
+    /// run; it runs again once this is prefetched.
+    pub parked: Option<crate::engine::Prefetch>,
 }
 
 impl Session {
@@ -30,6 +36,8 @@ impl Session {
             id,
             name: None,
             quit: false,
+            may_park: false,
+            parked: None,
         }
     }
 }
@@ -158,8 +166,8 @@ fn unknown(args: &[&[u8]]) -> Reply {
 /// Runs one request (`args` is not empty).
 pub(crate) fn dispatch(ctx: &mut Ctx<'_>, args: &[&[u8]]) -> Reply {
     assert!(!args.is_empty(), "an empty request has nothing to run");
-    Stats::add(&ctx.shared.stats.commands_processed, 1);
     let Some(spec) = find(args[0]) else {
+        Stats::add(&ctx.shared.stats.commands_processed, 1);
         Stats::add(&ctx.shared.stats.error_replies, 1);
         return unknown(args);
     };
@@ -168,6 +176,10 @@ pub(crate) fn dispatch(ctx: &mut Ctx<'_>, args: &[&[u8]]) -> Reply {
     } else {
         wrong_arity(spec.name)
     };
+    if ctx.session.parked.is_some() {
+        return reply; // not run: it runs again after its prefetch
+    }
+    Stats::add(&ctx.shared.stats.commands_processed, 1);
     if matches!(reply, Reply::Error(_)) {
         Stats::add(&ctx.shared.stats.error_replies, 1);
     }

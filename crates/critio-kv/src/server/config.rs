@@ -4,6 +4,7 @@
 //! [server]
 //! bind = "127.0.0.1:6390"
 //! workers = 0                 # request event loops (0: one per two cores)
+//! miss_readers = 16           # threads loading GETs' cache misses (0: a miss holds its worker)
 //! max_clients = 1000          # a client beyond it gets an error and is closed
 //! max_frame_bytes = 8388608   # one request frame (8 MiB)
 //! max_args = 1048576          # arguments in one request
@@ -37,17 +38,26 @@ pub struct ServerConfig {
     /// Request workers: foreground threads, each an event loop over its
     /// share of the connections. Default 0: one per two cores (at least
     /// one), leaving the other cores to the log writer, the background
-    /// jobs and the kernel's network stack; more workers serve more cache
-    /// misses at once (a miss holds its worker). At most [`WORKERS_MAX`].
+    /// jobs and the kernel's network stack. A GET that misses the page
+    /// cache is handed to a miss reader (`miss_readers`) and does not hold
+    /// its worker; other requests that wait for the device do. At most
+    /// [`WORKERS_MAX`].
     ///
-    /// Measured on a 2-core VM (virtio disk, 20 clients, 1 KiB values):
-    /// with the data 4x the cache, 4 workers served GETs at 19.4k/s
-    /// against 14.1k/s for 1, and under a BGSAVE/BGREWRITEAOF loop a GET
-    /// p99.9 of 29 ms against 91 ms; with the data in the cache they cost
-    /// 14% of SET and 18% of GET throughput and took the GET p99.9 from
-    /// 0.8 to 3.4 ms. So set `workers = 4` (or two per core) when the data
-    /// is larger than the page cache.
+    /// Measured on a 2-core VM (virtio disk, 20 clients, 1 KiB values, the
+    /// data 4x the cache), before miss readers existed: 4 workers served
+    /// GETs at 19.4k/s against 14.1k/s for 1, but with the data in the
+    /// cache cost 14% of SET and 18% of GET throughput. With 16 miss
+    /// readers one worker served 20.8k GETs/s (14.8k without), and under a
+    /// BGSAVE/BGREWRITEAOF loop 16.3k/s at a p99.9 of 24 ms (8.7k/s,
+    /// 95 ms without).
     pub workers: u32,
+    /// Miss readers: foreground threads that load values a GET did not
+    /// find in the page cache, while the worker serves its other clients
+    /// (the GET's connection waits, its requests kept in order, and runs
+    /// the GET again once the value is loaded). 0: none, a miss holds its
+    /// worker. Default 16 (a blocked reader costs no CPU). At most
+    /// [`WORKERS_MAX`].
+    pub miss_readers: u32,
     /// Clients connected at once. Default 1000, at most
     /// [`MAX_CLIENTS_LIMIT`].
     pub max_clients: u32,
@@ -77,6 +87,7 @@ impl Default for ServerConfig {
         Self {
             bind: "127.0.0.1:6390".to_owned(),
             workers: 0,
+            miss_readers: 16,
             max_clients: 1000,
             max_frame_bytes: 8 << 20,
             max_args: 1 << 20,
@@ -121,6 +132,13 @@ impl ServerConfig {
                 "server.workers",
                 self.workers,
                 "must be within 0..=256 (0: one per two cores)",
+            ));
+        }
+        if self.miss_readers > WORKERS_MAX {
+            return Err(invalid(
+                "server.miss_readers",
+                self.miss_readers,
+                "must be within 0..=256 (0: a miss holds its worker)",
             ));
         }
         if !(1..=MAX_CLIENTS_LIMIT).contains(&self.max_clients) {

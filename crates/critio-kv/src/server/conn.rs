@@ -59,6 +59,14 @@ pub(crate) struct Conn {
     /// The client sent its last byte: run its complete requests, send the
     /// replies, close.
     eof: bool,
+    /// A read missed the page cache: the request stays first in the input
+    /// and the connection runs nothing until its worker resumes it.
+    pub(crate) parked: bool,
+    /// What the parked request needs loaded (taken by the worker).
+    pub(crate) prefetch: Option<crate::engine::Prefetch>,
+    /// The first request after a resume may wait for the device (so a
+    /// value evicted again before the retry cannot park it forever).
+    retry_blocking: bool,
 }
 
 impl Conn {
@@ -75,7 +83,17 @@ impl Conn {
             last_active: Instant::now(),
             closing: false,
             eof: false,
+            parked: false,
+            prefetch: None,
+            retry_blocking: false,
         }
+    }
+
+    /// The worker prefetched what the parked request needs: it runs next,
+    /// and may wait for the device this time.
+    pub(crate) fn resume(&mut self) {
+        self.parked = false;
+        self.retry_blocking = true;
     }
 
     /// Output not yet sent.
@@ -86,12 +104,13 @@ impl Conn {
     /// Whether complete requests wait in the input (a round stopped at
     /// the output limit).
     pub(crate) fn has_runnable_input(&self) -> bool {
-        !self.closing && self.input.len() >= self.need
+        !self.closing && !self.parked && self.input.len() >= self.need
     }
 
     /// Nothing more to do: close it.
     pub(crate) fn done(&self) -> bool {
-        !self.pending_output() && (self.closing || (self.eof && !self.has_runnable_input()))
+        !self.pending_output()
+            && (self.closing || (self.eof && !self.parked && !self.has_runnable_input()))
     }
 
     /// Reads what the socket has (at most [`READ_ROUND_MAX`]); notes the
@@ -131,8 +150,18 @@ impl Conn {
 
     /// Runs the complete requests in the input, in order, until the round's
     /// output limit. `round_lsn` reads the round's highest deferred LSN, so
-    /// the connection knows which of its replies wait for the commit.
-    pub(crate) fn run_requests(&mut self, shared: &Shared, round_lsn: &dyn Fn() -> u64) {
+    /// the connection knows which of its replies wait for the commit. With
+    /// `may_park`, a read that misses the page cache stops the run: the
+    /// connection is `parked` with its `prefetch`, the request kept.
+    pub(crate) fn run_requests(
+        &mut self,
+        shared: &Shared,
+        round_lsn: &dyn Fn() -> u64,
+        may_park: bool,
+    ) {
+        if self.parked {
+            return;
+        }
         let limits = Limits {
             frame_bytes_max: shared.cfg.max_frame_bytes as usize,
             args_max: shared.cfg.max_args as usize,
@@ -162,11 +191,19 @@ impl Conn {
             if !args.is_empty() {
                 let before = round_lsn();
                 let mark = self.output.len();
+                self.session.may_park = may_park && !self.retry_blocking;
                 let mut ctx = Ctx {
                     shared,
                     session: &mut self.session,
                 };
-                command::dispatch(&mut ctx, &args).encode(&mut self.output);
+                let reply = command::dispatch(&mut ctx, &args);
+                if let Some(p) = self.session.parked.take() {
+                    self.parked = true;
+                    self.prefetch = Some(p);
+                    break;
+                }
+                self.retry_blocking = false;
+                reply.encode(&mut self.output);
                 if round_lsn() != before {
                     self.unacked.push((mark, self.output.len()));
                 }

@@ -42,7 +42,20 @@ fn now_ms() -> u64 {
 }
 
 pub(crate) fn get(ctx: &mut Ctx<'_>, a: &[&[u8]]) -> Reply {
-    let r = engine(ctx).get(a[1]);
+    let r = if ctx.session.may_park {
+        match engine(ctx).try_get(a[1]) {
+            Ok(Err(miss)) => {
+                // Not run: the worker parks the connection, prefetches,
+                // and runs this request again.
+                ctx.session.parked = Some(miss);
+                return Reply::Nil;
+            }
+            Ok(Ok(v)) => Ok(v),
+            Err(e) => Err(e),
+        }
+    } else {
+        engine(ctx).get(a[1])
+    };
     if let Ok(v) = &r {
         count_lookup(ctx.shared, v.is_some());
     }

@@ -160,6 +160,7 @@ fn stats(s: &Shared, out: &mut String) {
     kv(out, "total_net_output_bytes", get(&st.net_output_bytes));
     kv(out, "keyspace_hits", get(&st.keyspace_hits));
     kv(out, "keyspace_misses", get(&st.keyspace_misses));
+    kv(out, "critio_reads_parked", get(&st.reads_parked));
 }
 
 fn persistence(s: &Shared, out: &mut String) {

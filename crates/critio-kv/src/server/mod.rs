@@ -139,6 +139,9 @@ pub(crate) struct Stats {
     pub net_output_bytes: AtomicU64,
     pub keyspace_hits: AtomicU64,
     pub keyspace_misses: AtomicU64,
+    /// GETs that missed the page cache and parked their connection while
+    /// a miss reader loaded the value.
+    pub reads_parked: AtomicU64,
 }
 
 impl Stats {
@@ -157,6 +160,7 @@ impl Stats {
             &self.net_output_bytes,
             &self.keyspace_hits,
             &self.keyspace_misses,
+            &self.reads_parked,
         ] {
             c.store(0, Ordering::Relaxed);
         }
@@ -182,6 +186,9 @@ pub(crate) struct Shared {
     clients: Mutex<Clients>,
     clients_cv: Condvar,
     stopping: AtomicBool,
+    /// Where workers hand the reads that missed the page cache (None: no
+    /// miss readers; a miss holds its worker).
+    misses: Option<worker::MissQueue>,
 }
 
 impl Shared {
@@ -216,6 +223,7 @@ pub struct Server {
     shared: Arc<Shared>,
     acceptor: Option<JoinHandle<()>>,
     workers: Vec<(Arc<worker::Mailbox>, JoinHandle<()>)>,
+    readers: Vec<JoinHandle<()>>,
 }
 
 impl Server {
@@ -230,6 +238,13 @@ impl Server {
             addr: cfg.bind.clone(),
             source,
         })?;
+        let (misses, miss_jobs) = match cfg.miss_readers {
+            0 => (None, None),
+            _ => {
+                let (q, jobs) = worker::MissQueue::new();
+                (Some(q), Some(Arc::new(Mutex::new(jobs))))
+            }
+        };
         let shared = Arc::new(Shared {
             cfg,
             backend,
@@ -240,12 +255,22 @@ impl Server {
             clients: Mutex::new(Clients::default()),
             clients_cv: Condvar::new(),
             stopping: AtomicBool::new(false),
+            misses,
         });
         let mut server = Server {
             shared: shared.clone(),
             acceptor: None,
             workers: Vec::new(),
+            readers: Vec::new(),
         };
+        for i in 0..shared.cfg.miss_readers {
+            let (s, jobs) = (shared.clone(), miss_jobs.clone().expect("a queue"));
+            let thread = std::thread::Builder::new()
+                .name(format!("kv-reader-{i}"))
+                .spawn(move || worker::miss_reader(&s, &jobs))
+                .map_err(ServerError::Spawn)?;
+            server.readers.push(thread);
+        }
         for i in 0..shared.cfg.workers_in_effect() {
             let mailbox = Arc::new(worker::Mailbox::new().map_err(ServerError::Spawn)?);
             let (s, m) = (shared.clone(), mailbox.clone());
@@ -315,6 +340,9 @@ impl Server {
         if left == 0 {
             // Every connection is closed: the workers are returning.
             for (_, thread) in self.workers.drain(..) {
+                let _ = thread.join();
+            }
+            for thread in self.readers.drain(..) {
                 let _ = thread.join();
             }
         }

@@ -24,14 +24,27 @@
 //!
 //! What a round costs a client: a reply waits for the round's commit, so a
 //! read in the same round as a write waits for that write's flush (Redis's
-//! `appendfsync always` does the same). A request that waits for the device
-//! (a cache miss, a full log) holds its worker and the worker's other
-//! clients meanwhile; the other workers go on.
+//! `appendfsync always` does the same).
+//!
+//! A GET whose value is not in the page cache does not hold the worker:
+//!
+//! ```text
+//!  GET misses ─> the connection parks (the GET stays first in its input,
+//!                epoll watches nothing of it) ─> the miss queue
+//!  a miss reader (foreground: its read is critical) loads the value's
+//!  pages ─> posts the connection back to its worker ─> the GET runs again
+//!  (allowed to wait this once, so an eviction in between cannot starve it)
+//! ```
+//!
+//! so a worker's other clients go on while the device serves the miss, and
+//! replies stay in request order. Other requests that wait for the device
+//! (a full log, a miss of another command) hold their worker meanwhile.
 
 use std::collections::HashMap;
 use std::io;
 use std::os::fd::OwnedFd;
 use std::sync::atomic::Ordering;
+use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -40,7 +53,8 @@ use rustix::buffer::spare_capacity;
 use rustix::event::{epoll, eventfd, EventfdFlags, Timespec};
 
 use super::conn::Conn;
-use super::Shared;
+use super::{Shared, Stats};
+use crate::engine::Prefetch;
 
 /// The event-loop token of a worker's wake-up eventfd.
 const WAKE: u64 = u64::MAX;
@@ -50,9 +64,11 @@ const TICK: Duration = Duration::from_millis(100);
 /// Events taken per `epoll_wait`.
 const EVENTS: usize = 256;
 
-/// Where the acceptor hands a worker its new connections.
+/// Where the acceptor hands a worker its new connections, and the miss
+/// readers the connections they resumed.
 pub(crate) struct Mailbox {
     inbox: Mutex<Vec<Conn>>,
+    resumed: Mutex<Vec<u64>>,
     wake: OwnedFd,
 }
 
@@ -61,6 +77,7 @@ impl Mailbox {
         let wake = eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)?;
         Ok(Mailbox {
             inbox: Mutex::new(Vec::new()),
+            resumed: Mutex::new(Vec::new()),
             wake,
         })
     }
@@ -68,6 +85,12 @@ impl Mailbox {
     /// Hands `conn` to the worker.
     pub(crate) fn post(&self, conn: Conn) {
         self.inbox.lock().push(conn);
+        self.wake();
+    }
+
+    /// Hands back connection `id`, its parked read prefetched.
+    fn resume(&self, id: u64) {
+        self.resumed.lock().push(id);
         self.wake();
     }
 
@@ -82,6 +105,49 @@ impl Mailbox {
     }
 }
 
+/// A read that missed the page cache, for a miss reader.
+struct Miss {
+    prefetch: Prefetch,
+    conn: u64,
+    mailbox: Arc<Mailbox>,
+}
+
+/// Where workers queue their misses for the miss readers.
+pub(crate) struct MissQueue(mpsc::Sender<Miss>);
+
+/// The miss readers' end of the queue.
+pub(crate) struct MissJobs(mpsc::Receiver<Miss>);
+
+impl MissQueue {
+    pub(crate) fn new() -> (MissQueue, MissJobs) {
+        let (tx, rx) = mpsc::channel();
+        (MissQueue(tx), MissJobs(rx))
+    }
+}
+
+/// A miss reader: loads what parked reads need, then hands each
+/// connection back to its worker; returns once the server stops.
+pub(crate) fn miss_reader(shared: &Arc<Shared>, jobs: &Mutex<MissJobs>) {
+    // It reads for requests: its loads are critical at every layer.
+    critio::context::set_foreground();
+    loop {
+        let job = jobs.lock().0.recv_timeout(TICK);
+        match job {
+            Ok(m) => {
+                // A failure shows when the GET runs again (and may wait).
+                let _ = shared.backend.engine.prefetch(&m.prefetch);
+                m.mailbox.resume(m.conn);
+            }
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                if shared.stopping.load(Ordering::SeqCst) {
+                    return;
+                }
+            }
+            Err(mpsc::RecvTimeoutError::Disconnected) => return,
+        }
+    }
+}
+
 /// Which readiness a connection waits for.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Interest {
@@ -89,6 +155,9 @@ enum Interest {
     Read,
     /// Room to send (replies pending; reads wait).
     Write,
+    /// Nothing: parked until a miss reader resumes it (the kernel still
+    /// reports a hang-up or an error).
+    Parked,
 }
 
 impl Interest {
@@ -96,6 +165,7 @@ impl Interest {
         match self {
             Interest::Read => epoll::EventFlags::IN | epoll::EventFlags::RDHUP,
             Interest::Write => epoll::EventFlags::OUT,
+            Interest::Parked => epoll::EventFlags::empty(),
         }
     }
 }
@@ -105,10 +175,22 @@ struct Entry {
     interest: Interest,
 }
 
+impl Entry {
+    /// Watches the connection for `want` (if it does not already).
+    fn watch(&mut self, epoll: &OwnedFd, want: Interest) -> io::Result<()> {
+        if want != self.interest {
+            let data = epoll::EventData::new_u64(self.conn.id);
+            epoll::modify(epoll, &self.conn.stream, data, want.flags())?;
+            self.interest = want;
+        }
+        Ok(())
+    }
+}
+
 /// One worker's event loop.
 struct Worker<'a> {
     shared: &'a Shared,
-    mailbox: &'a Mailbox,
+    mailbox: &'a Arc<Mailbox>,
     epoll: OwnedFd,
     conns: HashMap<u64, Entry>,
     /// Connections with complete requests left in their input after a
@@ -119,7 +201,7 @@ struct Worker<'a> {
 
 /// Runs a worker until the server stops. Failures to set up the event loop
 /// are printed, and the worker's connections are closed.
-pub(crate) fn run(shared: &Arc<Shared>, mailbox: &Mailbox) {
+pub(crate) fn run(shared: &Arc<Shared>, mailbox: &Arc<Mailbox>) {
     // The enlightenment API: this thread serves requests.
     critio::context::set_foreground();
     let epoll = match epoll::create(epoll::CreateFlags::CLOEXEC) {
@@ -178,6 +260,7 @@ impl Worker<'_> {
                 if token == WAKE {
                     self.mailbox.drain_wake();
                     self.adopt();
+                    self.resume();
                 } else {
                     let writable = flags.intersects(
                         epoll::EventFlags::OUT | epoll::EventFlags::ERR | epoll::EventFlags::HUP,
@@ -228,11 +311,31 @@ impl Worker<'_> {
         }
     }
 
+    /// Takes back the connections whose parked read was prefetched: each
+    /// runs next round (or once its pending replies are sent).
+    fn resume(&mut self) {
+        let ids = std::mem::take(&mut *self.mailbox.resumed.lock());
+        for id in ids {
+            let Some(e) = self.conns.get_mut(&id) else {
+                continue; // closed meanwhile
+            };
+            e.conn.resume();
+            if e.interest == Interest::Parked {
+                if e.watch(&self.epoll, Interest::Read).is_err() {
+                    self.close(id);
+                    continue;
+                }
+                self.runnable.push(id);
+            }
+        }
+    }
+
     /// One round over the ready connections (see the module doc).
     fn round(&mut self, ready: &[(u64, bool)]) {
         let shared = self.shared;
         let round = shared.backend.engine.defer_commits();
         let lsn = || round.lsn();
+        let may_park = shared.misses.is_some();
         let mut touched = Vec::with_capacity(ready.len());
         let mut dead = Vec::new();
         for &(id, writable) in ready {
@@ -252,12 +355,23 @@ impl Worker<'_> {
                         continue;
                     }
                 }
+            } else if c.parked && writable {
+                // Parked, nothing asked for: a hang-up or an error.
+                dead.push(id);
+                continue;
+            }
+            if c.parked {
+                // Its replies are sent; it waits for its miss reader.
+                if e.watch(&self.epoll, Interest::Parked).is_err() {
+                    dead.push(id);
+                }
+                continue;
             }
             if c.read_available(self.shared).is_err() {
                 dead.push(id);
                 continue;
             }
-            c.run_requests(self.shared, &lsn);
+            c.run_requests(self.shared, &lsn, may_park);
             touched.push(id);
         }
         let committed = round.commit().map_err(|e| e.to_string());
@@ -274,23 +388,29 @@ impl Worker<'_> {
                 dead.push(id);
                 continue;
             }
+            if let Some(prefetch) = e.conn.prefetch.take() {
+                Stats::add(&shared.stats.reads_parked, 1);
+                let miss = Miss {
+                    prefetch,
+                    conn: id,
+                    mailbox: self.mailbox.clone(),
+                };
+                let queued = shared.misses.as_ref().map(|q| q.0.send(miss));
+                if !matches!(queued, Some(Ok(()))) {
+                    e.conn.resume(); // no reader: the GET runs again, waiting
+                    self.runnable.push(id);
+                }
+            }
             let want = if e.conn.pending_output() {
                 Interest::Write
+            } else if e.conn.parked {
+                Interest::Parked
             } else {
                 Interest::Read
             };
-            if want != e.interest {
-                let changed = epoll::modify(
-                    &self.epoll,
-                    &e.conn.stream,
-                    epoll::EventData::new_u64(id),
-                    want.flags(),
-                );
-                if changed.is_err() {
-                    dead.push(id);
-                    continue;
-                }
-                e.interest = want;
+            if e.watch(&self.epoll, want).is_err() {
+                dead.push(id);
+                continue;
             }
             if want == Interest::Read && e.conn.has_runnable_input() {
                 self.runnable.push(id);
@@ -341,6 +461,8 @@ impl Worker<'_> {
                 continue;
             };
             let c = &mut e.conn;
+            // A parked read runs here, waiting for the device.
+            c.resume();
             let _ = c.read_available(self.shared);
             let _ = c.stream.set_nonblocking(false);
             loop {
@@ -350,7 +472,7 @@ impl Worker<'_> {
                 }
                 let round = engine.defer_commits();
                 let lsn = || round.lsn();
-                c.run_requests(self.shared, &lsn);
+                c.run_requests(self.shared, &lsn, false);
                 match round.commit() {
                     Ok(()) => c.acknowledge(),
                     Err(err) => c.fail_round(&err.to_string()),

@@ -296,6 +296,49 @@ impl PageCache {
         Ok(())
     }
 
+    /// Reads `out.len()` bytes at `offset` of `file` if every page is
+    /// cached: Ok(true) with `out` filled, or Ok(false) (and `out`
+    /// unspecified) if a page is missing or still loading. Never waits for
+    /// the device: an event loop tries this first and hands a miss to a
+    /// thread that may block ([`PageCache::prefetch`]).
+    pub fn read_cached(
+        &self,
+        file: FileId,
+        offset: u64,
+        out: &mut [u8],
+    ) -> Result<bool, CacheError> {
+        let pages = self.inner.pages(file, offset, out.len())?;
+        let mut done = 0;
+        for &(key, in_page, n) in &pages {
+            let mut core = self.inner.shard(key).lock();
+            let Some(i) = core
+                .frames
+                .lookup(key)
+                .filter(|&i| !matches!(core.frames.frame(i).state, State::Loading(_)))
+            else {
+                return Ok(false);
+            };
+            out[done..done + n].copy_from_slice(&core.frames.data(i)[in_page..in_page + n]);
+            core.frames.touch(i);
+            done += n;
+        }
+        (self.inner.counters.hits).fetch_add(pages.len() as u64, Ordering::Relaxed);
+        Ok(true)
+    }
+
+    /// Loads the pages of `[offset, offset + len)` of `file` into the cache
+    /// (in the caller's class), so a [`PageCache::read_cached`] of the
+    /// range then finds them, unless they are evicted meanwhile.
+    pub fn prefetch(&self, file: FileId, offset: u64, len: usize) -> Result<(), CacheError> {
+        for (key, _, _) in self.inner.pages(file, offset, len)? {
+            self.inner.access(key, false, |core, i| {
+                core.frames.touch(i);
+                Some(())
+            })?;
+        }
+        Ok(())
+    }
+
     /// Writes `data` at `offset` of `file` (into the cache; durable after a
     /// flush). May wait in dirty throttling.
     pub fn write(&self, file: FileId, offset: u64, data: &[u8]) -> Result<(), CacheError> {
