@@ -342,6 +342,16 @@ enum CacheOp {
         offset: u64,
         len: usize,
     },
+    /// `read_through` of the whole file (cached pages scattered through it).
+    ReadThrough {
+        file: usize,
+    },
+    /// `read_cached`: the data if every page is cached.
+    ReadCached {
+        file: usize,
+        offset: u64,
+        len: usize,
+    },
     Flush {
         file: usize,
     },
@@ -358,7 +368,9 @@ fn cache_op() -> impl Strategy<Value = CacheOp> {
     });
     prop_oneof![
         4 => (range.clone(), any::<u8>()).prop_map(|((file, offset, len), byte)| CacheOp::Write { file, offset, len, byte }),
-        3 => range.prop_map(|(file, offset, len)| CacheOp::Read { file, offset, len }),
+        3 => range.clone().prop_map(|(file, offset, len)| CacheOp::Read { file, offset, len }),
+        1 => range.prop_map(|(file, offset, len)| CacheOp::ReadCached { file, offset, len }),
+        1 => (0..2usize).prop_map(|file| CacheOp::ReadThrough { file }),
         1 => (0..2usize).prop_map(|file| CacheOp::Flush { file }),
         1 => Just(CacheOp::FlushAll),
         1 => Just(CacheOp::DropClean),
@@ -402,6 +414,17 @@ proptest! {
                     let mut out = vec![0u8; len];
                     cache.read(files[file], offset, &mut out).unwrap();
                     prop_assert_eq!(&out[..], &model[file][offset as usize..offset as usize + len]);
+                }
+                CacheOp::ReadThrough { file } => {
+                    let mut out = vec![0u8; FILE_LEN as usize];
+                    cache.read_through(files[file], 0, &mut out).unwrap();
+                    prop_assert!(out == model[file], "read_through of file {} differs", file);
+                }
+                CacheOp::ReadCached { file, offset, len } => {
+                    let mut out = vec![0u8; len];
+                    if cache.read_cached(files[file], offset, &mut out).unwrap() {
+                        prop_assert_eq!(&out[..], &model[file][offset as usize..offset as usize + len]);
+                    }
                 }
                 CacheOp::Flush { file } => cache.flush_file(files[file]).unwrap(),
                 CacheOp::FlushAll => cache.flush_all().unwrap(),
