@@ -221,7 +221,7 @@ impl Inner {
     fn read_cached(&self, key: &[u8]) -> Result<Result<Option<Found>, Prefetch>, EngineError> {
         self.check_key(key)?;
         let stripe = self.index.lock(Index::stripe_of(key));
-        let Some(loc) = stripe.get(key).filter(|l| !l.expired(now_ms())) else {
+        let Some(Found { loc, .. }) = self.lookup(&stripe, key, now_ms(), false)? else {
             return Ok(Ok(None));
         };
         match self.vlog.read_cached(loc.addr, loc.size)? {

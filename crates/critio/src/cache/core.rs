@@ -211,10 +211,6 @@ impl Frames {
         }
     }
 
-    pub(crate) fn len(&self) -> usize {
-        self.frames.len()
-    }
-
     pub(crate) fn lookup(&self, key: PageKey) -> Option<usize> {
         self.map.get(&key).map(|&i| i as usize)
     }

@@ -310,16 +310,12 @@ impl PageCache {
         let pages = self.inner.pages(file, offset, out.len())?;
         let mut done = 0;
         for &(key, in_page, n) in &pages {
-            let mut core = self.inner.shard(key).lock();
-            let Some(i) = core
-                .frames
-                .lookup(key)
-                .filter(|&i| !matches!(core.frames.frame(i).state, State::Loading(_)))
-            else {
+            if !self
+                .inner
+                .copy_cached(key, in_page, &mut out[done..done + n], true)
+            {
                 return Ok(false);
-            };
-            out[done..done + n].copy_from_slice(&core.frames.data(i)[in_page..in_page + n]);
-            core.frames.touch(i);
+            }
             done += n;
         }
         (self.inner.counters.hits).fetch_add(pages.len() as u64, Ordering::Relaxed);
@@ -418,16 +414,11 @@ impl PageCache {
         let mut done = 0;
         for &(key, in_page, n) in &pages {
             // One page per lock hold: a long scan never holds the cache.
-            let core = self.inner.shard(key).lock();
-            let cached = core
-                .frames
-                .lookup(key)
-                .filter(|&i| !matches!(core.frames.frame(i).state, State::Loading(_)));
-            match cached {
-                Some(i) => {
-                    out[done..done + n].copy_from_slice(&core.frames.data(i)[in_page..in_page + n]);
-                }
-                None => missing.push((key, in_page, n, done)),
+            if !self
+                .inner
+                .copy_cached(key, in_page, &mut out[done..done + n], false)
+            {
+                missing.push((key, in_page, n, done));
             }
             done += n;
         }
@@ -518,12 +509,7 @@ impl PageCache {
             writeback_errors: c.writeback_errors.load(Ordering::Relaxed),
             dirty_critical: self.inner.dirty(Class::Critical),
             dirty_noncritical: self.inner.dirty(Class::NonCritical),
-            frames: self
-                .inner
-                .shards
-                .iter()
-                .map(|s| s.lock().frames.len())
-                .sum(),
+            frames: self.inner.cfg.frames(),
         }
     }
 
@@ -575,6 +561,26 @@ impl Inner {
     /// The part of the cache that holds `key`'s page.
     fn shard(&self, key: PageKey) -> &Mutex<Core> {
         &self.shards[self.shard_index(key)]
+    }
+
+    /// Copies `dst.len()` bytes at `in_page` of `key`'s page into `dst` if
+    /// the page is cached and loaded (one lock hold); marks it used if
+    /// `touch` (a scan leaves the replacement order alone). False: not
+    /// cached, nothing copied.
+    fn copy_cached(&self, key: PageKey, in_page: usize, dst: &mut [u8], touch: bool) -> bool {
+        let mut core = self.shard(key).lock();
+        let Some(i) = core
+            .frames
+            .lookup(key)
+            .filter(|&i| !matches!(core.frames.frame(i).state, State::Loading(_)))
+        else {
+            return false;
+        };
+        dst.copy_from_slice(&core.frames.data(i)[in_page..in_page + dst.len()]);
+        if touch {
+            core.frames.touch(i);
+        }
+        true
     }
 
     /// Dirty pages (dirty or under writeback) of `class`, over all parts.
