@@ -29,11 +29,12 @@
 //!   epoch lock exclusively (a checkpoint, a snapshot or cleaning starting)
 //!   sees every record below the head whole.
 
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use critio::cache::{FileId, PageCache};
+use critio::cache::{FileId, PageCache, ReadThrough};
 use critio::sync::{Condvar, Mutex, SyncOptions};
 
 use super::record::{self, Decoded, Record, PAD_BYTES};
@@ -45,6 +46,60 @@ pub(crate) const CLEANER_RESERVE_PCT: u64 = 5;
 const SPACE_RECHECK: Duration = Duration::from_millis(100);
 /// Bytes a scan reads at once.
 const SCAN_CHUNK: usize = 1 << 20;
+
+/// Chunks a scan keeps read ahead of where it decodes: its device reads
+/// overlap each other and the scan's own work (a snapshot's index
+/// lookups and dump writes, the cleaner's copies). At most this many
+/// [`SCAN_CHUNK`]s are buffered.
+const SCAN_AHEAD: usize = 2;
+
+/// A scan's reads in flight: consecutive chunks from where it reads up to
+/// the end of the lap it is in, aligned to [`SCAN_CHUNK`] after the first.
+struct Ahead<'a> {
+    vlog: &'a Vlog,
+    /// Where the next chunk starts (logical address).
+    next: u64,
+    /// Where this lap's reads stop.
+    end: u64,
+    reads: VecDeque<(u64, ReadThrough)>,
+}
+
+impl Ahead<'_> {
+    /// Drops the reads in flight and reads on from `at` up to `end`.
+    fn restart(&mut self, at: u64, end: u64) {
+        self.reads.clear();
+        self.next = at;
+        self.end = end;
+    }
+
+    /// Starts reads until [`SCAN_AHEAD`] are in flight or the lap is read.
+    fn fill(&mut self) -> Result<(), EngineError> {
+        while self.reads.len() < SCAN_AHEAD && self.next < self.end {
+            let stop = ((self.next / SCAN_CHUNK as u64 + 1) * SCAN_CHUNK as u64).min(self.end);
+            let read = self.vlog.cache.start_read_through(
+                self.vlog.file,
+                self.next % self.vlog.region,
+                (stop - self.next) as usize,
+            )?;
+            self.reads.push_back((self.next, read));
+            self.next = stop;
+        }
+        Ok(())
+    }
+
+    /// The chunk that starts at `at` (the next one): waits for its read,
+    /// with the following ones started first.
+    fn take(&mut self, at: u64) -> Result<Vec<u8>, EngineError> {
+        self.fill()?;
+        let (start, read) = self
+            .reads
+            .pop_front()
+            .expect("a scan reads only below the lap's end");
+        debug_assert_eq!(start, at, "a scan's chunks are consecutive");
+        self.fill()?;
+        Ok(read.finish()?)
+    }
+}
 
 /// Who asks for space: writers stop short of the cleaner's reserve.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -354,21 +409,27 @@ impl Vlog {
     }
 
     /// Calls `f` on every record in `[from, to)` (both record boundaries),
-    /// read past the cache (pages the cache holds are copied from it).
-    /// Returns where it stopped: `to`, or the address of the record `f`
-    /// stopped at.
+    /// read past the cache (pages the cache holds are copied from it), with
+    /// up to [`SCAN_AHEAD`] chunks read ahead. Returns where it stopped:
+    /// `to`, or the address of the record `f` stopped at.
     pub(crate) fn scan(
         &self,
         from: u64,
         to: u64,
         mut f: impl FnMut(u64, Record<'_>, u32) -> Result<Flow, EngineError>,
     ) -> Result<u64, EngineError> {
+        let lap_end = |pos: u64| (pos / self.region + 1) * self.region;
+        let mut ahead = Ahead {
+            vlog: self,
+            next: from,
+            end: to.min(lap_end(from)),
+            reads: VecDeque::new(),
+        };
         let mut buf: Vec<u8> = Vec::new();
         let mut buf_at = from;
         let mut pos = from;
         while pos < to {
-            let lap_end = (pos / self.region + 1) * self.region;
-            let end = to.min(lap_end);
+            let end = to.min(lap_end(pos));
             let off = (pos - buf_at) as usize;
             let decoded = if off + PAD_BYTES <= buf.len() {
                 record::decode(&buf[off..], self.record_max)
@@ -376,16 +437,28 @@ impl Vlog {
                 Decoded::Short(PAD_BYTES)
             };
             match decoded {
-                Decoded::Pad => pos = lap_end,
+                Decoded::Pad => {
+                    // The rest of the lap is padding; what was read ahead
+                    // of it is dropped.
+                    pos = lap_end(pos);
+                    buf.clear();
+                    buf_at = pos;
+                    ahead.restart(pos, to.min(lap_end(pos)));
+                }
                 Decoded::Short(n) => {
-                    let want = n.max(SCAN_CHUNK).min((end - pos) as usize);
-                    if want < n {
+                    if ((end - pos) as usize) < n {
                         return Err(self.corrupt(pos, "a record runs past the log's end"));
                     }
-                    buf.resize(want, 0);
-                    self.cache
-                        .read_through(self.file, pos % self.region, &mut buf)?;
+                    buf.drain(..off);
                     buf_at = pos;
+                    while buf.len() < n {
+                        let chunk = ahead.take(buf_at + buf.len() as u64)?;
+                        if buf.is_empty() {
+                            buf = chunk;
+                        } else {
+                            buf.extend_from_slice(&chunk);
+                        }
+                    }
                 }
                 Decoded::Bad(why) => return Err(self.corrupt(pos, why)),
                 Decoded::Record(r, size) => {

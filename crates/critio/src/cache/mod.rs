@@ -76,6 +76,31 @@ pub const WRITEBACK_POINT: &str = "cache: writeback wait";
 /// The wait point of a page read on a miss.
 pub const READ_POINT: &str = "cache: read";
 
+/// A [`PageCache::start_read_through`] in flight: the bytes of cached
+/// pages already copied, device reads of the others submitted.
+pub struct ReadThrough {
+    out: Vec<u8>,
+    /// Each device read and its copies.
+    reads: Vec<(crate::block::IoHandle, Vec<Copy>)>,
+}
+
+/// A piece of a device read to copy out: (offset in the read, length,
+/// offset in the output).
+type Copy = (usize, usize, usize);
+
+impl ReadThrough {
+    /// Waits for the device reads and returns the bytes.
+    pub fn finish(mut self) -> Result<Vec<u8>, CacheError> {
+        for (io, copies) in self.reads {
+            let buf = io.wait_buf()?;
+            for (src, n, dst) in copies {
+                self.out[dst..dst + n].copy_from_slice(&buf.as_slice()[src..src + n]);
+            }
+        }
+        Ok(self.out)
+    }
+}
+
 /// Why a cache operation failed.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -409,7 +434,24 @@ impl PageCache {
         offset: u64,
         out: &mut [u8],
     ) -> Result<(), CacheError> {
-        let pages = self.inner.pages(file, offset, out.len())?;
+        let pending = self.start_read_through(file, offset, out.len())?;
+        out.copy_from_slice(&pending.finish()?);
+        Ok(())
+    }
+
+    /// [`PageCache::read_through`] that does not wait: cached pages are
+    /// copied now, the device reads of the others are submitted (in the
+    /// caller's class) and [`ReadThrough::finish`] waits for them. A scan
+    /// keeps a few of these in flight ahead of where it reads, so its
+    /// device reads overlap each other and its own work.
+    pub fn start_read_through(
+        &self,
+        file: FileId,
+        offset: u64,
+        len: usize,
+    ) -> Result<ReadThrough, CacheError> {
+        let pages = self.inner.pages(file, offset, len)?;
+        let mut out = vec![0u8; len];
         let mut missing: Vec<(PageKey, usize, usize, usize)> = Vec::new();
         let mut done = 0;
         for &(key, in_page, n) in &pages {
@@ -430,25 +472,36 @@ impl PageCache {
             .read_through_pages
             .fetch_add(missing.len() as u64, Ordering::Relaxed);
         let page = self.inner.page;
+        let mut reads = Vec::new();
         let mut at = 0;
         while at < missing.len() {
-            // One device read per run of contiguous missing pages.
+            // One device read per run of contiguous missing pages, each
+            // at most the block layer's largest request.
+            let most = (crate::block::IO_LEN_MAX as usize / page).max(1);
             let mut end = at + 1;
-            while end < missing.len() && missing[end].0.page == missing[end - 1].0.page + 1 {
+            while end < missing.len()
+                && end - at < most
+                && missing[end].0.page == missing[end - 1].0.page + 1
+            {
                 end += 1;
             }
             let first = missing[at].0;
-            let buf = self
-                .inner
-                .block
-                .read(self.inner.device_offset(first), (end - at) * page)?;
-            for (k, &(_, in_page, n, dst)) in missing[at..end].iter().enumerate() {
-                let src = &buf.as_slice()[k * page + in_page..k * page + in_page + n];
-                out[dst..dst + n].copy_from_slice(src);
-            }
+            let io = self.inner.block.submit(
+                Op::Read,
+                self.inner.device_offset(first),
+                AlignedBuf::zeroed((end - at) * page),
+                true,
+                READ_POINT,
+            )?;
+            let copies = missing[at..end]
+                .iter()
+                .enumerate()
+                .map(|(k, &(_, in_page, n, dst))| (k * page + in_page, n, dst))
+                .collect();
+            reads.push((io, copies));
             at = end;
         }
-        Ok(())
+        Ok(ReadThrough { out, reads })
     }
 
     /// Makes every write to `file` so far durable: writes its dirty pages in
