@@ -89,11 +89,23 @@ fn connect(addr: SocketAddr) -> Result<redis::Connection, String> {
         .map_err(|e| format!("cannot connect to {addr}: {e}"))
 }
 
+/// Makes `dir` an empty directory: what an interrupted run left there (an
+/// AOF or dump Redis would load and answer "LOADING" meanwhile, a store
+/// critio-kv would recover) must not be measured.
+fn fresh_dir(dir: &Path) -> Result<(), String> {
+    match std::fs::remove_dir_all(dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(format!("{}: {e}", dir.display())),
+    }
+    std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))
+}
+
 impl Peer {
     /// Starts a stock redis-server in `dir` with the AOF on and fsync per
     /// write (the durability critio-kv gives), no RDB save points.
     pub fn redis(dir: &Path) -> Result<Peer, String> {
-        std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        fresh_dir(dir)?;
         let port = free_port()?;
         let child = Command::new("redis-server")
             .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
@@ -131,7 +143,7 @@ impl Peer {
     /// Starts `critio serve` (this binary) in `dir` on a file through
     /// io_uring, with `config` as its config file.
     pub fn critio(dir: &Path, scheme: Scheme, config: &str) -> Result<Peer, String> {
-        std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        fresh_dir(dir)?;
         let cfg_path = dir.join("critio.toml");
         std::fs::write(&cfg_path, config).map_err(|e| format!("{}: {e}", cfg_path.display()))?;
         let exe = std::env::current_exe().map_err(|e| format!("cannot find critio: {e}"))?;
