@@ -1,10 +1,10 @@
-//! critio-kv: a Redis-protocol (RESP2) key-value server built only on
+//! critio-kv: a Redis-protocol (RESP2, and RESP3 after `HELLO 3`) key-value server built only on
 //! critio's layers. Its request workers (event loops, one per two cores) are
 //! marked foreground; its checkpoint, snapshot and log-rewrite threads are
 //! not.
 //!
 //! ```text
-//!  clients ── RESP2 ──> request workers (foreground; rounds, one commit each)
+//!  clients ── RESP2/3 ─> request workers (foreground; rounds, one commit each)
 //!                            │
 //!                            v
 //!  engine: value log + in-memory index, write-ahead log, checkpoints

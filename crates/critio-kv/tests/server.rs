@@ -4,6 +4,7 @@
 //! commands, wrong arity), the client limit, device errors, idle timeout
 //! and a clean stop.
 
+use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::sync::Arc;
@@ -305,6 +306,80 @@ fn select_command_client_and_quit() {
     let mut s = raw(server.local_addr());
     assert_eq!(exchange(&mut s, b"QUIT\r\n", 1), "+OK\r\n");
     assert!(closed(&mut s));
+}
+
+/// `HELLO 3` switches a connection to RESP3 (its own reply included):
+/// nulls, maps and verbatim text, as Redis 7 sends them; `HELLO 2` and
+/// connections that never say HELLO stay RESP2. A RESP3 client (redis-rs
+/// with `protocol=resp3`, which opens with HELLO 3 like redis-py 8 and
+/// node-redis) connects and works.
+#[test]
+fn hello_switches_to_resp3_and_real_resp3_clients_connect() {
+    let (server, _stack) = start(server_config());
+    let addr = server.local_addr();
+    let mut s = raw(addr);
+    let hello = exchange(&mut s, b"HELLO 3 SETNAME app\r\n", 26);
+    assert!(hello.starts_with("%7\r\n$6\r\nserver\r\n$5\r\nredis\r\n$7\r\nversion\r\n"));
+    assert!(hello.contains("$5\r\nproto\r\n:3\r\n"), "{hello}");
+    assert!(hello.ends_with("$7\r\nmodules\r\n*0\r\n"), "{hello}");
+    assert_eq!(exchange(&mut s, b"GET nope\r\n", 1), "_\r\n");
+    assert_eq!(exchange(&mut s, b"CLIENT GETNAME\r\n", 2), "$3\r\napp\r\n");
+    assert_eq!(exchange(&mut s, b"HSET h f v\r\n", 1), ":1\r\n");
+    assert_eq!(
+        exchange(&mut s, b"HGETALL h\r\n", 5),
+        "%1\r\n$1\r\nf\r\n$1\r\nv\r\n"
+    );
+    // Back to RESP2; a plain connection is RESP2 throughout.
+    let hello2 = exchange(&mut s, b"HELLO 2\r\n", 26);
+    assert!(hello2.starts_with("*14\r\n"), "{hello2}");
+    assert_eq!(exchange(&mut s, b"GET nope\r\n", 1), "$-1\r\n");
+    let mut plain = raw(addr);
+    assert_eq!(
+        exchange(&mut plain, b"HGETALL h\r\n", 5),
+        "*2\r\n$1\r\nf\r\n$1\r\nv\r\n"
+    );
+    // Redis's errors.
+    assert_eq!(
+        exchange(&mut plain, b"HELLO 4\r\n", 1),
+        "-NOPROTO unsupported protocol version\r\n"
+    );
+    assert_eq!(
+        exchange(&mut plain, b"HELLO 3 AUTH someone pw\r\n", 1),
+        "-WRONGPASS invalid username-password pair or user is disabled.\r\n"
+    );
+    assert_eq!(
+        exchange(&mut plain, b"HELLO 3 BOGUS\r\n", 1),
+        "-ERR Syntax error in HELLO option 'BOGUS'\r\n"
+    );
+    assert!(exchange(&mut plain, b"CLIENT SETNAME \"a b\"\r\n", 1).starts_with("-ERR Client names"));
+    assert_eq!(exchange(&mut plain, b"AUTH default pw\r\n", 1), "+OK\r\n");
+    assert!(
+        exchange(&mut plain, b"AUTH pw\r\n", 1).starts_with("-ERR AUTH <password> called without")
+    );
+    // A failed HELLO left the protocol as it was.
+    assert_eq!(exchange(&mut plain, b"GET nope\r\n", 1), "$-1\r\n");
+    // INFO is verbatim text in RESP3 (read last: its text has many lines).
+    let mut v = raw(addr);
+    exchange(&mut v, b"HELLO 3\r\n", 26);
+    let info = exchange(&mut v, b"INFO server\r\n", 3);
+    assert!(
+        info.starts_with('=') && info.contains("txt:# Server"),
+        "{info}"
+    );
+
+    let c = redis::Client::open(format!("redis://{addr}/?protocol=resp3")).unwrap();
+    let mut c = c
+        .get_connection_with_timeout(Duration::from_secs(5))
+        .unwrap();
+    ok::<()>(&mut c, &["SET", "k", "v"]);
+    assert_eq!(get(&mut c, "k").as_deref(), Some("v"));
+    assert_eq!(get(&mut c, "nope"), None);
+    let h: HashMap<String, String> = ok(&mut c, &["HGETALL", "h"]);
+    assert_eq!(h.get("f").map(String::as_str), Some("v"));
+    let cfg: HashMap<String, String> = ok(&mut c, &["CONFIG", "GET", "appendfsync"]);
+    assert_eq!(cfg.get("appendfsync").map(String::as_str), Some("always"));
+    let info: String = ok(&mut c, &["INFO", "server"]);
+    assert!(info.contains("redis_version:"), "{info}");
 }
 
 #[test]

@@ -1,5 +1,13 @@
-//! Server commands: PING, ECHO, SELECT, QUIT, INFO, CONFIG, CLIENT,
-//! COMMAND, SAVE, BGSAVE, BGREWRITEAOF.
+//! Server commands: PING, ECHO, SELECT, HELLO, AUTH, QUIT, INFO, CONFIG,
+//! CLIENT, COMMAND, SAVE, BGSAVE, BGREWRITEAOF.
+//!
+//! `HELLO [2|3] [AUTH user pass] [SETNAME name]` switches the connection's
+//! protocol (RESP3's maps, nulls and verbatim text from the next reply
+//! on, its own reply included) and answers what Redis 7 does: server,
+//! version, proto, id, mode, role, modules. There is no password to check
+//! yet (no `requirepass`), so AUTH, as Redis's passwordless `default`
+//! user, accepts user `default` with any password and refuses any other
+//! user with Redis's WRONGPASS.
 //!
 //! CONFIG answers `GET` with what redis-benchmark, redis-cli and YCSB's
 //! clients ask for, mapped onto critio-kv's settings:
@@ -15,7 +23,7 @@
 use super::command::{describe, find, syntax_error, wrong_arity, Ctx, COMMANDS};
 use super::data::int;
 use super::info::{self, Job};
-use super::reply::Reply;
+use super::reply::{Protocol, Reply};
 
 pub(crate) fn ping(_: &mut Ctx<'_>, a: &[&[u8]]) -> Reply {
     match a {
@@ -37,13 +45,102 @@ pub(crate) fn select(_: &mut Ctx<'_>, a: &[&[u8]]) -> Reply {
     }
 }
 
+/// The version HELLO and INFO report: the Redis release whose commands and
+/// replies critio-kv follows.
+pub(crate) const REDIS_VERSION: &str = "7.0.0";
+
+const WRONGPASS: &str = "WRONGPASS invalid username-password pair or user is disabled.";
+
+/// Redis's check of a user/password pair, with no password set: the
+/// `default` user has none (`nopass`), and no other user exists.
+fn authenticate(user: &[u8]) -> Result<(), Reply> {
+    if user == b"default" {
+        Ok(())
+    } else {
+        Err(Reply::Error(WRONGPASS.into()))
+    }
+}
+
+pub(crate) fn hello(ctx: &mut Ctx<'_>, a: &[&[u8]]) -> Reply {
+    let mut proto = ctx.session.protocol;
+    let mut name = None;
+    if let Some(v) = a.get(1) {
+        proto = match int(v) {
+            Ok(2) => Protocol::Resp2,
+            Ok(3) => Protocol::Resp3,
+            Ok(_) => return Reply::Error("NOPROTO unsupported protocol version".into()),
+            Err(_) => return Reply::err("Protocol version is not an integer or out of range"),
+        };
+        let mut i = 2;
+        while i < a.len() {
+            let more = a.len() - i - 1;
+            if a[i].eq_ignore_ascii_case(b"AUTH") && more >= 2 {
+                if let Err(r) = authenticate(a[i + 1]) {
+                    return r;
+                }
+                i += 3;
+            } else if a[i].eq_ignore_ascii_case(b"SETNAME") && more >= 1 {
+                if let Err(r) = valid_name(a[i + 1]) {
+                    return r;
+                }
+                name = Some(a[i + 1]);
+                i += 2;
+            } else {
+                return Reply::err(format!(
+                    "Syntax error in HELLO option '{}'",
+                    String::from_utf8_lossy(a[i])
+                ));
+            }
+        }
+    }
+    if let Some(n) = name {
+        ctx.session.name = Some(n.to_vec()).filter(|n| !n.is_empty());
+    }
+    ctx.session.protocol = proto;
+    Reply::Map(vec![
+        (Reply::text("server"), Reply::text("redis")),
+        (Reply::text("version"), Reply::text(REDIS_VERSION)),
+        (Reply::text("proto"), Reply::Int(proto.version())),
+        (Reply::text("id"), Reply::Int(ctx.session.id as i64)),
+        (Reply::text("mode"), Reply::text("standalone")),
+        (Reply::text("role"), Reply::text("master")),
+        (Reply::text("modules"), Reply::Array(Vec::new())),
+    ])
+}
+
+pub(crate) fn auth(_: &mut Ctx<'_>, a: &[&[u8]]) -> Reply {
+    match a {
+        [_, _] => Reply::err(
+            "AUTH <password> called without any password configured for the default user. \
+             Are you sure your configuration is correct?",
+        ),
+        [_, user, _] => match authenticate(user) {
+            Ok(()) => Reply::OK,
+            Err(r) => r,
+        },
+        _ => syntax_error(),
+    }
+}
+
+/// Redis's rule for client names: no spaces, newlines or other characters
+/// outside `!`..`~`.
+fn valid_name(name: &[u8]) -> Result<(), Reply> {
+    if name.iter().all(|&c| (b'!'..=b'~').contains(&c)) {
+        Ok(())
+    } else {
+        Err(Reply::err(
+            "Client names cannot contain spaces, newlines or special characters.",
+        ))
+    }
+}
+
 pub(crate) fn quit(ctx: &mut Ctx<'_>, _: &[&[u8]]) -> Reply {
     ctx.session.quit = true;
     Reply::OK
 }
 
 pub(crate) fn info(ctx: &mut Ctx<'_>, a: &[&[u8]]) -> Reply {
-    Reply::Bulk(info::render(ctx.shared, &a[1..]).into_bytes())
+    Reply::Verbatim(info::render(ctx.shared, &a[1..]).into_bytes())
 }
 
 pub(crate) fn save(ctx: &mut Ctx<'_>, _: &[&[u8]]) -> Reply {
@@ -138,11 +235,10 @@ pub(crate) fn config(ctx: &mut Ctx<'_>, a: &[&[u8]]) -> Reply {
             let mut out = Vec::new();
             for (name, value) in parameters(ctx) {
                 if a[2..].iter().any(|p| glob(p, name.as_bytes())) {
-                    out.push(Reply::Bulk(name.as_bytes().to_vec()));
-                    out.push(Reply::Bulk(value.into_bytes()));
+                    out.push((Reply::text(name), Reply::Bulk(value.into_bytes())));
                 }
             }
-            Reply::Array(out)
+            Reply::Map(out)
         }
         "SET" => Reply::err("CONFIG SET is not supported: set it in the config file and restart"),
         "RESETSTAT" => {
@@ -170,10 +266,13 @@ pub(crate) fn client(ctx: &mut Ctx<'_>, a: &[&[u8]]) -> Reply {
     let sub = String::from_utf8_lossy(a[1]).to_ascii_uppercase();
     match (sub.as_str(), a.len()) {
         ("SETINFO", 4) => Reply::OK,
-        ("SETNAME", 3) => {
-            ctx.session.name = Some(a[2].to_vec()).filter(|n| !n.is_empty());
-            Reply::OK
-        }
+        ("SETNAME", 3) => match valid_name(a[2]) {
+            Ok(()) => {
+                ctx.session.name = Some(a[2].to_vec()).filter(|n| !n.is_empty());
+                Reply::OK
+            }
+            Err(r) => r,
+        },
         ("GETNAME", 2) => Reply::opt(ctx.session.name.clone()),
         ("ID", 2) => Reply::Int(ctx.session.id as i64),
         ("SETINFO" | "SETNAME" | "GETNAME" | "ID", _) => {

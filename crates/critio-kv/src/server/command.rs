@@ -11,15 +11,17 @@
 
 use std::sync::atomic::Ordering;
 
-use super::reply::Reply;
+use super::reply::{Protocol, Reply};
 use super::{admin, data, Shared, Stats};
 
 /// One connection's state.
 pub(crate) struct Session {
     /// The client id (CLIENT ID).
     pub id: u64,
-    /// CLIENT SETNAME.
+    /// CLIENT SETNAME (or HELLO's SETNAME).
     pub name: Option<Vec<u8>>,
+    /// The protocol its replies are in (HELLO).
+    pub protocol: Protocol,
     /// QUIT was received: close after the reply.
     pub quit: bool,
     /// A read that misses the page cache may park the connection instead
@@ -35,6 +37,7 @@ impl Session {
         Session {
             id,
             name: None,
+            protocol: Protocol::Resp2,
             quit: false,
             may_park: false,
             parked: None,
@@ -108,6 +111,20 @@ pub(crate) static COMMANDS: &[Spec] = &[
     spec!("ping", -1, F, NONE, admin::ping),
     spec!("echo", 2, F, NONE, admin::echo),
     spec!("select", 2, F, NONE, admin::select),
+    spec!(
+        "hello",
+        -1,
+        &["noscript", "loading", "stale", "fast"],
+        NONE,
+        admin::hello
+    ),
+    spec!(
+        "auth",
+        -2,
+        &["noscript", "loading", "stale", "fast"],
+        NONE,
+        admin::auth
+    ),
     spec!("quit", -1, F, NONE, admin::quit),
     spec!("info", -1, &["loading", "stale"], NONE, admin::info),
     spec!("config", -2, A, NONE, admin::config),

@@ -172,7 +172,7 @@ impl Conn {
                 Ok(p) => p,
                 Err(e) => {
                     Stats::add(&shared.stats.protocol_errors, 1);
-                    Reply::err(e).encode(&mut self.output);
+                    Reply::err(e).encode(self.session.protocol, &mut self.output);
                     self.closing = true;
                     self.input.clear();
                     self.need = 1;
@@ -203,7 +203,7 @@ impl Conn {
                     break;
                 }
                 self.retry_blocking = false;
-                reply.encode(&mut self.output);
+                reply.encode(self.session.protocol, &mut self.output);
                 if round_lsn() != before {
                     self.unacked.push((mark, self.output.len()));
                 }
@@ -236,7 +236,7 @@ impl Conn {
         let mut at = 0;
         for (from, to) in self.unacked.drain(..) {
             self.output.extend_from_slice(&old[at..from]);
-            Reply::Error(why.to_owned()).encode(&mut self.output);
+            Reply::Error(why.to_owned()).encode(self.session.protocol, &mut self.output);
             at = to;
         }
         self.output.extend_from_slice(&old[at..]);

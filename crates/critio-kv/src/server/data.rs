@@ -197,10 +197,10 @@ pub(crate) fn hget(ctx: &mut Ctx<'_>, a: &[&[u8]]) -> Reply {
 
 pub(crate) fn hgetall(ctx: &mut Ctx<'_>, a: &[&[u8]]) -> Reply {
     match engine(ctx).hgetall(a[1]) {
-        Ok(fields) => Reply::Array(
+        Ok(fields) => Reply::Map(
             fields
                 .into_iter()
-                .flat_map(|(f, v)| [Reply::Bulk(f), Reply::Bulk(v)])
+                .map(|(f, v)| (Reply::Bulk(f), Reply::Bulk(v)))
                 .collect(),
         ),
         Err(e) => e.into(),

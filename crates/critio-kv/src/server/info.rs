@@ -128,7 +128,7 @@ fn kv(out: &mut String, key: &str, value: impl std::fmt::Display) {
 fn server(s: &Shared, out: &mut String) {
     let up = s.started.elapsed().as_secs();
     // The Redis protocol level clients may assume.
-    kv(out, "redis_version", "7.0.0");
+    kv(out, "redis_version", super::admin::REDIS_VERSION);
     kv(out, "critio_kv_version", crate::VERSION);
     kv(out, "redis_mode", "standalone");
     kv(out, "os", std::env::consts::OS);

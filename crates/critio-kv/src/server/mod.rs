@@ -1,4 +1,4 @@
-//! The Redis-protocol (RESP2) server: a few request workers (one per two
+//! The Redis-protocol (RESP2, and RESP3 after `HELLO 3`) server: a few request workers (one per two
 //! cores by default), each a foreground thread running an event loop over its
 //! share of the connections. Marking the workers foreground is the line
 //! paper 000 added to Redis.
