@@ -186,10 +186,12 @@ impl Engine {
         if body > inner.layout.dump.1 - page as u64 {
             return Err(bad("body larger than the file"));
         }
-        let mut bytes = vec![0u8; body as usize];
-        inner
+        // Straight into the returned buffer: read_through would copy the
+        // whole body once more.
+        let bytes = inner
             .cache
-            .read_through(inner.dump, page as u64, &mut bytes)?;
+            .start_read_through(inner.dump, page as u64, body as usize)?
+            .finish()?;
         if crc32c::crc32c(&bytes) != crc {
             return Err(bad("checksum"));
         }

@@ -254,12 +254,7 @@ pub(crate) fn config(ctx: &mut Ctx<'_>, a: &[&[u8]]) -> Reply {
 }
 
 fn help(lines: &[&str]) -> Reply {
-    Reply::Array(
-        lines
-            .iter()
-            .map(|l| Reply::Bulk(l.as_bytes().to_vec()))
-            .collect(),
-    )
+    Reply::Array(lines.iter().map(|l| Reply::text(l)).collect())
 }
 
 pub(crate) fn client(ctx: &mut Ctx<'_>, a: &[&[u8]]) -> Reply {
@@ -289,12 +284,7 @@ pub(crate) fn command(_: &mut Ctx<'_>, a: &[&[u8]]) -> Reply {
     match String::from_utf8_lossy(sub).to_ascii_uppercase().as_str() {
         "COUNT" => Reply::Int(COMMANDS.len() as i64),
         "DOCS" => Reply::Array(Vec::new()),
-        "LIST" => Reply::Array(
-            COMMANDS
-                .iter()
-                .map(|s| Reply::Bulk(s.name.as_bytes().to_vec()))
-                .collect(),
-        ),
+        "LIST" => Reply::Array(COMMANDS.iter().map(|s| Reply::text(s.name)).collect()),
         "INFO" => Reply::Array(
             a[2..]
                 .iter()

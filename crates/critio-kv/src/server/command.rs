@@ -217,7 +217,7 @@ pub(crate) fn count_lookup(shared: &Shared, hit: bool) {
 /// key, step.
 pub(crate) fn describe(s: &Spec) -> Reply {
     Reply::Array(vec![
-        Reply::Bulk(s.name.as_bytes().to_vec()),
+        Reply::text(s.name),
         Reply::Int(s.arity.into()),
         Reply::Array(s.flags.iter().map(|f| Reply::Simple(f)).collect()),
         Reply::Int(s.keys.0.into()),

@@ -81,12 +81,12 @@ pub const READ_POINT: &str = "cache: read";
 pub struct ReadThrough {
     out: Vec<u8>,
     /// Each device read and its copies.
-    reads: Vec<(crate::block::IoHandle, Vec<Copy>)>,
+    reads: Vec<(crate::block::IoHandle, Vec<CopyOut>)>,
 }
 
 /// A piece of a device read to copy out: (offset in the read, length,
 /// offset in the output).
-type Copy = (usize, usize, usize);
+type CopyOut = (usize, usize, usize);
 
 impl ReadThrough {
     /// Waits for the device reads and returns the bytes.
@@ -472,12 +472,12 @@ impl PageCache {
             .read_through_pages
             .fetch_add(missing.len() as u64, Ordering::Relaxed);
         let page = self.inner.page;
+        // One device read per run of contiguous missing pages, each at most
+        // the block layer's largest request.
+        let most = (crate::block::IO_LEN_MAX as usize / page).max(1);
         let mut reads = Vec::new();
         let mut at = 0;
         while at < missing.len() {
-            // One device read per run of contiguous missing pages, each
-            // at most the block layer's largest request.
-            let most = (crate::block::IO_LEN_MAX as usize / page).max(1);
             let mut end = at + 1;
             while end < missing.len()
                 && end - at < most
