@@ -16,6 +16,7 @@
 #![forbid(unsafe_code)]
 
 pub mod engine;
+pub mod glob;
 pub mod server;
 pub mod stack;
 

@@ -594,3 +594,123 @@ fn deferred_rounds_survive_power_cuts() {
         e.close().unwrap();
     }
 }
+
+#[test]
+fn a_transaction_applies_every_write_or_none_and_keeps_expiry_across_reopen() {
+    use critio_kv::engine::{ExpireIf, Value};
+    let dev: Arc<dyn Device> = Arc::new(MemDevice::new(32 * MIB));
+    let far = 4_000_000_000_000; // ms since the epoch, in 2096
+    {
+        let e = open_on(dev.clone(), MIB).unwrap();
+        set(&e, "s", b"10");
+        e.hset(b"h", &[(b"f", b"1")]).unwrap();
+        let keys: [&[u8]; 4] = [b"s", b"h", b"new", b"gone"];
+        set(&e, "gone", b"x");
+        let replies = e
+            .transact(&keys, |t| {
+                let a = t.incr_by(b"s", 5);
+                // Fails (a hash is not a string) and writes nothing ...
+                let b = t.incr_by(b"h", 1);
+                // ... while the rest of the transaction goes on.
+                let c = t.hincr_by(b"h", b"f", 2);
+                t.put(b"new", Value::Str(b"n".to_vec()), 0);
+                let d = t.expire_at(b"new", far, ExpireIf::Nx);
+                let gone = t.remove(b"gone");
+                // Reads see the transaction's own writes.
+                let seen = t.get(b"s").unwrap();
+                (a.unwrap(), b.is_err(), c.unwrap(), d.unwrap(), gone, seen)
+            })
+            .unwrap();
+        assert_eq!(replies, (15, true, 3, true, true, Some(b"15".to_vec())));
+        // A transaction that writes nothing logs nothing and sees the store.
+        let n = e.transact(&[b"s"], |t| t.pttl(b"s")).unwrap();
+        assert_eq!(n, -1);
+        assert_eq!(e.versions(&[b"nothing"]).unwrap(), vec![None]);
+        // No close: the reopen replays the log record.
+    }
+    let e = open_on(dev, MIB).unwrap();
+    assert_eq!(e.get(b"s").unwrap(), Some(b"15".to_vec()));
+    assert_eq!(e.hget(b"h", b"f").unwrap(), Some(b"3".to_vec()));
+    assert_eq!(e.get(b"gone").unwrap(), None);
+    let ttl = e.transact(&[b"new"], |t| t.pttl(b"new")).unwrap();
+    assert!(
+        ttl > 1_000_000_000,
+        "the expiry survived the restart: {ttl}"
+    );
+    assert_eq!(e.dbsize(), 3);
+    // WRONGTYPE and friends leave the key as it was.
+    assert!(matches!(
+        e.transact(&[b"s"], |t| t.hset(b"s", &[(b"f", b"v")]))
+            .unwrap(),
+        Err(EngineError::WrongType)
+    ));
+    assert!(matches!(
+        e.transact(&[b"h"], |t| t.incr_by_float(b"h", 1.0)).unwrap(),
+        Err(EngineError::WrongType)
+    ));
+    e.close().unwrap();
+}
+
+/// Transactions of three keys each, with power cuts: after every restart
+/// each transaction's keys are all there with its value or all absent, and
+/// every acknowledged one is there.
+#[test]
+fn transactions_are_atomic_across_power_cuts() {
+    let seeds: Vec<u64> = match std::env::var("SEED") {
+        Ok(s) => vec![s.parse().expect("SEED is a number")],
+        Err(_) => (1..=6).collect(),
+    };
+    for seed in seeds {
+        let faults = FaultConfig {
+            seed,
+            torn_writes: seed % 2 == 0,
+            ..FaultConfig::default()
+        };
+        let dev = Arc::new(FaultyDevice::new(Arc::new(MemDevice::new(48 * MIB)), faults).unwrap());
+        let mut rng = SmallRng::seed_from_u64(seed);
+        let mut acked: HashMap<usize, Vec<u8>> = HashMap::new();
+        for round in 0..3 {
+            let e = open_on(dev.clone(), MIB).unwrap();
+            for group in 0..50 {
+                let keys: Vec<Vec<u8>> = ["a", "b", "c"]
+                    .iter()
+                    .map(|p| format!("{p}{group}").into_bytes())
+                    .collect();
+                let got: Vec<_> = keys.iter().map(|k| e.get(k).unwrap()).collect();
+                assert!(
+                    got.iter().all(|g| g == &got[0]),
+                    "transaction {group} half applied after round {round}: SEED={seed}"
+                );
+                if let Some(v) = acked.get(&group) {
+                    assert_eq!(got[0].as_ref(), Some(v), "acknowledged, lost: SEED={seed}");
+                }
+            }
+            let writes = rng.gen_range(50..300);
+            let cut_at = rng.gen_range(0..writes);
+            for i in 0..writes {
+                if i == cut_at {
+                    dev.power_cut().unwrap();
+                }
+                let group = rng.gen_range(0..50);
+                let keys: Vec<Vec<u8>> = ["a", "b", "c"]
+                    .iter()
+                    .map(|p| format!("{p}{group}").into_bytes())
+                    .collect();
+                let refs: Vec<&[u8]> = keys.iter().map(|k| k.as_slice()).collect();
+                let len = rng.gen_range(1..3000);
+                let value: Vec<u8> = (0..len).map(|_| rng.gen()).collect();
+                let done = e.transact(&refs, |t| {
+                    for k in &refs {
+                        t.set(k, &value, SetOptions::default()).unwrap();
+                    }
+                });
+                if done.is_ok() {
+                    assert!(i < cut_at, "acknowledged after the cut: SEED={seed}");
+                    acked.insert(group, value);
+                }
+            }
+            drop(e);
+            dev.restart();
+        }
+    }
+}

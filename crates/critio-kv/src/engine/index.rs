@@ -78,6 +78,14 @@ impl Stripe {
         old
     }
 
+    /// The keys that have not expired at `now_ms`, with their locations.
+    pub(crate) fn live(&self, now_ms: u64) -> impl Iterator<Item = (&[u8], &Loc)> {
+        self.map
+            .iter()
+            .filter(move |(_, l)| !l.expired(now_ms))
+            .map(|(k, l)| (&**k, l))
+    }
+
     /// The key's location when the running snapshot started.
     pub(crate) fn as_of_snapshot(&self, key: &[u8]) -> Option<Loc> {
         match self.pre.get(key) {

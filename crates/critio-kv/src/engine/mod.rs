@@ -45,6 +45,7 @@ mod layout;
 mod ops;
 mod record;
 mod superblock;
+mod txn;
 mod vlog;
 mod wal;
 
@@ -64,6 +65,7 @@ pub use entry::{Entry, Value};
 pub use group::Deferred;
 pub use layout::Layout;
 pub use ops::{FieldValues, Prefetch, SetOptions};
+pub use txn::{ExpireIf, Kind, SetOutcome, Txn};
 
 use index::Index;
 use vlog::Vlog;
@@ -150,6 +152,18 @@ pub enum EngineError {
     /// The value is not an integer (INCR).
     #[error("ERR value is not an integer or out of range")]
     NotInteger,
+    /// The value is not a float (INCRBYFLOAT).
+    #[error("ERR value is not a valid float")]
+    NotFloat,
+    /// A hash field is not an integer (HINCRBY).
+    #[error("ERR hash value is not an integer")]
+    HashNotInteger,
+    /// A hash field is not a float (HINCRBYFLOAT).
+    #[error("ERR hash value is not a float")]
+    HashNotFloat,
+    /// INCRBYFLOAT would give NaN or an infinity.
+    #[error("ERR increment would produce NaN or Infinity")]
+    NanOrInfinity,
     /// INCRBY would overflow.
     #[error("ERR increment or decrement would overflow")]
     Overflow,

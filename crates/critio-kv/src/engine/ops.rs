@@ -13,13 +13,12 @@
 //! Logging and applying under the same stripe locks keeps each key's log
 //! order equal to its apply order, so replay rebuilds exactly this state.
 
-use std::collections::BTreeMap;
-
 use critio::sync::MutexGuard;
 
-use super::entry::{Entry, Value, KIND_HASH, KIND_STR};
-use super::index::{Index, Loc, Stripe};
+use super::entry::Value;
+use super::index::{Index, Loc, Stripe, STRIPES};
 use super::record::{self, Record, KIND_DEL};
+use super::txn::{Kind, Txn};
 use super::vlog::{Reservation, Who};
 use super::wal::{self, Op};
 use super::{Engine, EngineError, Inner};
@@ -36,6 +35,11 @@ pub struct SetOptions {
     pub xx: bool,
     /// Expire at this time (ms since the Unix epoch).
     pub expire_at_ms: Option<u64>,
+    /// Keep the key's expiry (`KEEPTTL`; without it and without
+    /// `expire_at_ms`, SET clears any expiry).
+    pub keep_ttl: bool,
+    /// Return the old string (`GET`; WRONGTYPE if the key holds a hash).
+    pub get: bool,
 }
 
 /// A key's current entry: where it is, and its value if the operation
@@ -354,47 +358,23 @@ fn live_growth(ops: &[Op], enc: &Encoded, held: &mut Held<'_>) -> i64 {
     growth
 }
 
-fn string(e: &Option<Found>) -> Result<Option<&Vec<u8>>, EngineError> {
-    match e {
+/// The string of a key read with its value; WRONGTYPE for a hash.
+fn string(found: Option<Found>) -> Result<Option<Vec<u8>>, EngineError> {
+    match found {
         None => Ok(None),
-        Some(f) if f.loc.kind != KIND_STR => Err(EngineError::WrongType),
         Some(Found {
             value: Some(Value::Str(s)),
             ..
         }) => Ok(Some(s)),
-        Some(_) => unreachable!("a string's value is loaded before it is used"),
+        Some(_) => Err(EngineError::WrongType),
     }
-}
-
-fn hash(e: &Option<Found>) -> Result<BTreeMap<Vec<u8>, Vec<u8>>, EngineError> {
-    match e {
-        None => Ok(BTreeMap::new()),
-        Some(f) if f.loc.kind != KIND_HASH => Err(EngineError::WrongType),
-        Some(Found {
-            value: Some(Value::Hash(h)),
-            ..
-        }) => Ok(h.clone()),
-        Some(_) => unreachable!("a hash's value is loaded before it is used"),
-    }
-}
-
-fn expire_of(e: &Option<Found>) -> u64 {
-    e.as_ref().map_or(0, |f| f.loc.expire_at_ms)
-}
-
-fn put(key: &[u8], value: Value, expire_at_ms: u64) -> Op {
-    Op::Put(Entry {
-        key: key.to_vec(),
-        expire_at_ms,
-        value,
-    })
 }
 
 impl Engine {
     /// GET.
     pub fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, EngineError> {
         let found = self.inner.read(key)?;
-        Ok(string(&found)?.cloned())
+        string(found)
     }
 
     /// GET if the value is in the page cache; on a miss, what to
@@ -403,7 +383,7 @@ impl Engine {
     /// a thread that may.
     pub fn try_get(&self, key: &[u8]) -> Result<Result<Option<Vec<u8>>, Prefetch>, EngineError> {
         Ok(match self.inner.read_cached(key)? {
-            Ok(found) => Ok(string(&found)?.cloned()),
+            Ok(found) => Ok(string(found)?),
             Err(p) => Err(p),
         })
     }
@@ -416,35 +396,42 @@ impl Engine {
         self.inner.vlog.prefetch(p.addr, p.size)
     }
 
+    /// Runs `f` as one transaction over `keys` (see [`Txn`]): every key it
+    /// reads or writes must be among `keys`; its writes are applied
+    /// atomically and logged as one record, durable before this returns
+    /// (or at the caller's group commit, see [`Engine::defer_commits`]).
+    /// `f` may run more than once; the last run's result is returned.
+    pub fn transact<R>(
+        &self,
+        keys: &[&[u8]],
+        mut f: impl FnMut(&mut Txn<'_>) -> R,
+    ) -> Result<R, EngineError> {
+        let inner = &*self.inner;
+        inner.mutate(keys, false, |cur| {
+            let mut t = Txn::new(inner, keys, cur);
+            let r = f(&mut t);
+            Ok((t.into_ops(), r))
+        })
+    }
+
+    /// Like [`Engine::transact`] for one operation that may fail: an error
+    /// is returned as is (the operation wrote nothing before failing).
+    fn transact1<R>(
+        &self,
+        keys: &[&[u8]],
+        f: impl FnMut(&mut Txn<'_>) -> Result<R, EngineError>,
+    ) -> Result<R, EngineError> {
+        self.transact(keys, f)?
+    }
+
     /// SET, with NX/XX/expiry. Returns whether it was set.
     pub fn set(&self, key: &[u8], value: &[u8], opts: SetOptions) -> Result<bool, EngineError> {
-        self.inner.mutate(&[key], false, |cur| {
-            let exists = cur[0].is_some();
-            if (opts.nx && exists) || (opts.xx && !exists) {
-                return Ok((vec![], false));
-            }
-            let op = put(
-                key,
-                Value::Str(value.to_vec()),
-                opts.expire_at_ms.unwrap_or(0),
-            );
-            Ok((vec![op], true))
-        })
+        self.transact1(&[key], |t| t.set(key, value, opts).map(|o| o.set))
     }
 
     /// DEL: returns how many keys existed.
     pub fn del(&self, keys: &[&[u8]]) -> Result<u64, EngineError> {
-        self.inner.mutate(keys, false, |cur| {
-            let mut ops = Vec::new();
-            for (k, e) in keys.iter().zip(cur) {
-                let dup = ops.iter().any(|o| matches!(o, Op::Del(d) if d == k));
-                if e.is_some() && !dup {
-                    ops.push(Op::Del(k.to_vec()));
-                }
-            }
-            let n = ops.len() as u64;
-            Ok((ops, n))
-        })
+        self.transact(keys, |t| keys.iter().filter(|k| t.remove(k)).count() as u64)
     }
 
     /// EXISTS: counts keys that exist (a key named twice counts twice).
@@ -463,8 +450,10 @@ impl Engine {
     pub fn mget(&self, keys: &[&[u8]]) -> Result<Vec<Option<Vec<u8>>>, EngineError> {
         keys.iter()
             .map(|k| {
-                let found = self.inner.read(k)?;
-                Ok(string(&found).ok().flatten().cloned())
+                Ok(self.inner.read(k)?.and_then(|f| match f.value {
+                    Some(Value::Str(s)) => Some(s),
+                    _ => None,
+                }))
             })
             .collect()
     }
@@ -472,74 +461,76 @@ impl Engine {
     /// MSET: sets every pair, atomically (one log record).
     pub fn mset(&self, pairs: &[(&[u8], &[u8])]) -> Result<(), EngineError> {
         let keys: Vec<&[u8]> = pairs.iter().map(|p| p.0).collect();
-        self.inner.mutate(&keys, false, |_| {
-            let ops = pairs
-                .iter()
-                .map(|(k, v)| put(k, Value::Str(v.to_vec()), 0))
-                .collect();
-            Ok((ops, ()))
+        self.transact(&keys, |t| {
+            for (k, v) in pairs {
+                t.put(k, Value::Str(v.to_vec()), 0);
+            }
         })
     }
 
     /// INCRBY: returns the new value.
     pub fn incr_by(&self, key: &[u8], delta: i64) -> Result<i64, EngineError> {
-        self.inner.mutate(&[key], true, |cur| {
-            let now = match string(&cur[0])? {
-                None => 0,
-                Some(s) => std::str::from_utf8(s)
-                    .ok()
-                    .and_then(|t| t.parse::<i64>().ok())
-                    .ok_or(EngineError::NotInteger)?,
-            };
-            let next = now.checked_add(delta).ok_or(EngineError::Overflow)?;
-            Ok((
-                vec![put(
-                    key,
-                    Value::Str(next.to_string().into_bytes()),
-                    expire_of(&cur[0]),
-                )],
-                next,
-            ))
-        })
+        self.transact1(&[key], |t| t.incr_by(key, delta))
     }
 
     /// HSET: returns how many fields were new.
     pub fn hset(&self, key: &[u8], fields: &[(&[u8], &[u8])]) -> Result<u64, EngineError> {
-        self.inner.mutate(&[key], true, |cur| {
-            let mut h = hash(&cur[0])?;
-            let mut added = 0;
-            for (f, v) in fields {
-                added += u64::from(h.insert(f.to_vec(), v.to_vec()).is_none());
-            }
-            Ok((vec![put(key, Value::Hash(h), expire_of(&cur[0]))], added))
-        })
+        self.transact1(&[key], |t| t.hset(key, fields))
     }
 
     /// HGET.
     pub fn hget(&self, key: &[u8], field: &[u8]) -> Result<Option<Vec<u8>>, EngineError> {
-        Ok(hash(&self.inner.read(key)?)?.remove(field))
+        self.transact1(&[key], |t| t.hget(key, field))
     }
 
     /// HGETALL: every (field, value), in field order.
     pub fn hgetall(&self, key: &[u8]) -> Result<FieldValues, EngineError> {
-        Ok(hash(&self.inner.read(key)?)?.into_iter().collect())
+        self.transact1(&[key], |t| Ok(t.hgetall(key)?.into_iter().collect()))
     }
 
     /// HDEL: returns how many fields existed. An emptied hash is deleted.
     pub fn hdel(&self, key: &[u8], fields: &[&[u8]]) -> Result<u64, EngineError> {
-        self.inner.mutate(&[key], true, |cur| {
-            let mut h = hash(&cur[0])?;
-            let removed = fields.iter().filter(|f| h.remove(**f).is_some()).count() as u64;
-            if removed == 0 {
-                return Ok((vec![], 0));
+        self.transact1(&[key], |t| t.hdel(key, fields))
+    }
+
+    /// The version of each key now (None: absent), as [`Txn::version`]
+    /// gives it: what WATCH remembers.
+    pub fn versions(&self, keys: &[&[u8]]) -> Result<Vec<Option<u64>>, EngineError> {
+        self.transact(keys, |t| keys.iter().map(|k| t.version(k)).collect())
+    }
+
+    /// One step of SCAN: the live keys of the index's stripes from
+    /// `cursor` on, stripe by stripe, until `count` keys are found or
+    /// `10 × count` stripes were visited; returns the cursor to continue
+    /// from (0: done) and the keys that match `pattern` (Redis's glob) and
+    /// `kind`. A key present for the whole scan is returned at least once.
+    pub fn scan(
+        &self,
+        cursor: u64,
+        count: usize,
+        pattern: Option<&[u8]>,
+        kind: Option<Kind>,
+    ) -> (u64, Vec<Vec<u8>>) {
+        let count = count.max(1);
+        let mut out = Vec::new();
+        let mut s = cursor as usize;
+        let mut visited = 0;
+        let now = now_ms();
+        while s < STRIPES && out.len() < count && visited < count.saturating_mul(10) {
+            let stripe = self.inner.index.lock(s);
+            for (key, loc) in stripe.live(now) {
+                if kind.is_some_and(|k| Kind::of(loc.kind) != k)
+                    || pattern.is_some_and(|p| !crate::glob::matches(p, key, false))
+                {
+                    continue;
+                }
+                out.push(key.to_vec());
             }
-            let op = if h.is_empty() {
-                Op::Del(key.to_vec())
-            } else {
-                put(key, Value::Hash(h), expire_of(&cur[0]))
-            };
-            Ok((vec![op], removed))
-        })
+            s += 1;
+            visited += 1;
+        }
+        let next = if s >= STRIPES { 0 } else { s as u64 };
+        (next, out)
     }
 
     /// DBSIZE (keys that expired but were not dropped yet still count).
