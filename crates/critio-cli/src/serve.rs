@@ -38,6 +38,14 @@ pub struct ServeArgs {
     /// Listen on this address (default 127.0.0.1:6390, or [server] bind).
     #[arg(long, value_name = "ADDR")]
     bind: Option<String>,
+    /// Clients must AUTH with this password first (Redis's requirepass;
+    /// or [server] requirepass).
+    #[arg(long, value_name = "PASSWORD")]
+    requirepass: Option<String>,
+    /// Redis's protected mode: with no password, refuse clients that do
+    /// not connect over loopback (default yes, or [server] protected_mode).
+    #[arg(long, value_name = "yes|no", value_parser = parse_yes_no)]
+    protected_mode: Option<bool>,
     /// The data directory (created if missing).
     #[arg(long, value_name = "DIR", default_value = "critio-data")]
     data: PathBuf,
@@ -59,6 +67,15 @@ pub struct ServeArgs {
     /// The simulated device's seed.
     #[arg(long, default_value_t = 1)]
     seed: u64,
+}
+
+/// `yes` or `no`, as Redis's options take them.
+fn parse_yes_no(text: &str) -> Result<bool, String> {
+    match text.to_ascii_lowercase().as_str() {
+        "yes" => Ok(true),
+        "no" => Ok(false),
+        _ => Err(format!("`{text}`: use yes or no")),
+    }
 }
 
 /// `1GiB`, `512MiB`, `64M`, `4k`, or plain bytes.
@@ -277,6 +294,12 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
     );
     if let Some(bind) = &args.bind {
         file.server.bind = bind.clone();
+    }
+    if let Some(pass) = &args.requirepass {
+        file.server.requirepass = pass.clone();
+    }
+    if let Some(on) = args.protected_mode {
+        file.server.protected_mode = on;
     }
     let server_cfg = file.server.clone();
     server_cfg.validate().map_err(|e| e.to_string())?;

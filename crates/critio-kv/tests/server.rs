@@ -192,7 +192,14 @@ fn set_expiry_options() {
     assert_eq!(get(&mut c, "ex").as_deref(), Some("1"));
     assert_eq!(get(&mut c, "pxat").as_deref(), Some("1"));
     assert!(fails(&mut c, &["SET", "k", "v", "EX", "1", "PX", "1"]).contains("syntax error"));
-    assert!(fails(&mut c, &["SET", "k", "v", "GET"]).contains("not supported"));
+    assert_eq!(
+        ok::<Option<String>>(&mut c, &["SET", "k", "v", "GET"]),
+        None
+    );
+    assert_eq!(
+        ok::<Option<String>>(&mut c, &["SET", "k", "w", "GET"]).as_deref(),
+        Some("v")
+    );
 }
 
 #[test]
@@ -295,7 +302,8 @@ fn select_command_client_and_quit() {
     assert!(fails(&mut c, &["SELECT", "1"]).contains("DB index is out of range"));
     let n: i64 = ok(&mut c, &["COMMAND", "COUNT"]);
     assert!(n >= 29, "{n}");
-    assert!(ok::<Vec<Value>>(&mut c, &["COMMAND", "DOCS"]).is_empty());
+    let docs: Vec<Value> = ok(&mut c, &["COMMAND", "DOCS", "get", "hset"]);
+    assert_eq!(docs.len(), 4, "two names, two maps: {docs:?}");
     assert_eq!(
         ok::<Vec<Value>>(&mut c, &["COMMAND", "INFO", "get", "nope"]).len(),
         2
@@ -760,4 +768,479 @@ fn idle_clients_are_closed_and_stop_finishes_cleanly() {
     assert_eq!(server.shutdown(), 0);
     assert!(c.get::<_, String>("k").is_err());
     stack.engine.close().unwrap();
+}
+
+#[test]
+fn the_rest_of_the_string_and_key_commands_reply_like_redis() {
+    let (server, _stack) = start(server_config());
+    let mut c = client(server.local_addr());
+    assert_eq!(ok::<i64>(&mut c, &["SETNX", "n", "1"]), 1);
+    assert_eq!(ok::<i64>(&mut c, &["SETNX", "n", "2"]), 0);
+    assert_eq!(
+        ok::<Option<String>>(&mut c, &["GETSET", "n", "3"]).as_deref(),
+        Some("1")
+    );
+    assert_eq!(ok::<i64>(&mut c, &["APPEND", "n", "45"]), 3);
+    assert_eq!(ok::<i64>(&mut c, &["STRLEN", "n"]), 3);
+    assert_eq!(ok::<i64>(&mut c, &["STRLEN", "missing"]), 0);
+    assert_eq!(ok::<String>(&mut c, &["INCRBYFLOAT", "n", "0.5"]), "345.5");
+    assert_eq!(ok::<String>(&mut c, &["INCRBYFLOAT", "f", "0.1"]), "0.1");
+    assert_eq!(ok::<String>(&mut c, &["INCRBYFLOAT", "f", "0.2"]), "0.3");
+    assert!(fails(&mut c, &["INCRBYFLOAT", "f", "x"]).contains("not a valid float"));
+    assert_eq!(
+        ok::<Option<String>>(&mut c, &["GETDEL", "n"]).as_deref(),
+        Some("345.5")
+    );
+    assert_eq!(ok::<i64>(&mut c, &["EXISTS", "n"]), 0);
+    assert_eq!(ok::<i64>(&mut c, &["MSETNX", "m1", "a", "m2", "b"]), 1);
+    assert_eq!(ok::<i64>(&mut c, &["MSETNX", "m2", "x", "m3", "y"]), 0);
+    assert_eq!(get(&mut c, "m3"), None);
+    assert_eq!(ok::<i64>(&mut c, &["UNLINK", "m1", "m2", "m3"]), 2);
+    ok::<()>(&mut c, &["HSET", "h", "f", "v"]);
+    ok::<()>(&mut c, &["SET", "s", "v"]);
+    assert_eq!(ok::<String>(&mut c, &["TYPE", "h"]), "hash");
+    assert_eq!(ok::<String>(&mut c, &["TYPE", "s"]), "string");
+    assert_eq!(ok::<String>(&mut c, &["TYPE", "nope"]), "none");
+    assert!(fails(&mut c, &["APPEND", "h", "x"]).starts_with("WRONGTYPE"));
+    let t: Vec<String> = ok(&mut c, &["TIME"]);
+    assert!(
+        t[0].parse::<u64>().unwrap() > 1_700_000_000 && t[1].parse::<u32>().unwrap() < 1_000_000
+    );
+    // Hashes.
+    assert_eq!(ok::<i64>(&mut c, &["HSETNX", "h", "f", "x"]), 0);
+    assert_eq!(ok::<i64>(&mut c, &["HSETNX", "h", "g", "2"]), 1);
+    assert_eq!(ok::<i64>(&mut c, &["HLEN", "h"]), 2);
+    assert_eq!(ok::<i64>(&mut c, &["HEXISTS", "h", "g"]), 1);
+    assert_eq!(ok::<i64>(&mut c, &["HSTRLEN", "h", "f"]), 1);
+    assert_eq!(ok::<i64>(&mut c, &["HINCRBY", "h", "g", "5"]), 7);
+    assert!(fails(&mut c, &["HINCRBY", "h", "f", "1"]).contains("hash value is not an integer"));
+    assert_eq!(
+        ok::<String>(&mut c, &["HINCRBYFLOAT", "h", "g", "1.5"]),
+        "8.5"
+    );
+    assert_eq!(ok::<Vec<String>>(&mut c, &["HKEYS", "h"]), ["f", "g"]);
+    assert_eq!(ok::<Vec<String>>(&mut c, &["HVALS", "h"]), ["v", "8.5"]);
+    assert_eq!(
+        ok::<Vec<Option<String>>>(&mut c, &["HMGET", "h", "f", "zz", "g"]),
+        [Some("v".into()), None, Some("8.5".into())]
+    );
+    assert_eq!(ok::<i64>(&mut c, &["HLEN", "nope"]), 0);
+    assert!(fails(&mut c, &["HLEN", "s"]).starts_with("WRONGTYPE"));
+}
+
+#[test]
+fn expiry_commands_reply_like_redis() {
+    let (server, _stack) = start(server_config());
+    let mut c = client(server.local_addr());
+    ok::<()>(&mut c, &["SET", "k", "v"]);
+    assert_eq!(ok::<i64>(&mut c, &["TTL", "k"]), -1);
+    assert_eq!(ok::<i64>(&mut c, &["TTL", "nope"]), -2);
+    assert_eq!(ok::<i64>(&mut c, &["EXPIRE", "nope", "10"]), 0);
+    assert_eq!(ok::<i64>(&mut c, &["EXPIRE", "k", "100", "XX"]), 0);
+    assert_eq!(ok::<i64>(&mut c, &["EXPIRE", "k", "100", "NX"]), 1);
+    assert_eq!(ok::<i64>(&mut c, &["TTL", "k"]), 100);
+    assert_eq!(ok::<i64>(&mut c, &["EXPIRE", "k", "50", "GT"]), 0);
+    assert_eq!(ok::<i64>(&mut c, &["EXPIRE", "k", "50", "LT"]), 1);
+    let pttl: i64 = ok(&mut c, &["PTTL", "k"]);
+    assert!((49_000..=50_000).contains(&pttl), "{pttl}");
+    let at: i64 = ok(&mut c, &["EXPIRETIME", "k"]);
+    let pat: i64 = ok(&mut c, &["PEXPIRETIME", "k"]);
+    assert_eq!(at, pat / 1000);
+    assert_eq!(get(&mut c, "k").as_deref(), Some("v"), "the value is kept");
+    assert_eq!(ok::<i64>(&mut c, &["PERSIST", "k"]), 1);
+    assert_eq!(ok::<i64>(&mut c, &["PERSIST", "k"]), 0);
+    assert_eq!(ok::<i64>(&mut c, &["TTL", "k"]), -1);
+    assert!(fails(&mut c, &["EXPIRE", "k", "1", "NX", "XX"]).contains("not compatible"));
+    assert!(fails(&mut c, &["EXPIRE", "k", "x"]).contains("not an integer"));
+    // SET without KEEPTTL clears the expiry; with it, keeps it.
+    ok::<()>(&mut c, &["PEXPIRE", "k", "100000"]);
+    ok::<()>(&mut c, &["SET", "k", "w", "KEEPTTL"]);
+    assert!(ok::<i64>(&mut c, &["PTTL", "k"]) > 0);
+    ok::<()>(&mut c, &["SET", "k", "w"]);
+    assert_eq!(ok::<i64>(&mut c, &["PTTL", "k"]), -1);
+    // SETEX/PSETEX/GETEX; a time in the past deletes the key.
+    ok::<()>(&mut c, &["SETEX", "e", "100", "v"]);
+    assert_eq!(ok::<i64>(&mut c, &["TTL", "e"]), 100);
+    ok::<()>(&mut c, &["PSETEX", "p", "60", "v"]);
+    assert!(fails(&mut c, &["SETEX", "e", "0", "v"]).contains("invalid expire time in 'setex'"));
+    assert_eq!(
+        ok::<Option<String>>(&mut c, &["GETEX", "e", "PERSIST"]).as_deref(),
+        Some("v")
+    );
+    assert_eq!(ok::<i64>(&mut c, &["TTL", "e"]), -1);
+    ok::<()>(&mut c, &["GETEX", "e", "EX", "30"]);
+    assert_eq!(ok::<i64>(&mut c, &["TTL", "e"]), 30);
+    assert_eq!(ok::<i64>(&mut c, &["EXPIRE", "e", "-1"]), 1);
+    assert_eq!(ok::<i64>(&mut c, &["EXISTS", "e"]), 0);
+    std::thread::sleep(Duration::from_millis(120));
+    assert_eq!(get(&mut c, "p"), None, "PSETEX's 60 ms passed");
+    // Expiry applies to hashes too, and HSET keeps it.
+    ok::<()>(&mut c, &["HSET", "h", "f", "v"]);
+    ok::<()>(&mut c, &["EXPIRE", "h", "100"]);
+    ok::<()>(&mut c, &["HSET", "h", "g", "w"]);
+    assert_eq!(ok::<i64>(&mut c, &["TTL", "h"]), 100);
+}
+
+/// A server on a store in a directory, to restart.
+fn start_on(dir: &std::path::Path) -> (Server, Stack) {
+    let sc = StackConfig {
+        device: DeviceSpec::Pool(dir.join("kv.img")),
+        ..stack_config()
+    };
+    let stack = Stack::open(&sc).expect("open the stack");
+    let server = Server::start(server_config(), Backend::of(&stack, &sc)).expect("start");
+    (server, stack)
+}
+
+#[test]
+fn expiry_and_transactions_survive_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let (server, stack) = start_on(dir.path());
+        let mut c = client(server.local_addr());
+        ok::<()>(&mut c, &["SET", "k", "v", "EX", "1000"]);
+        ok::<()>(&mut c, &["HSET", "h", "f", "v"]);
+        ok::<()>(&mut c, &["PEXPIRE", "h", "300"]);
+        let r: Vec<Value> = redis::pipe()
+            .atomic()
+            .cmd("INCR")
+            .arg("n")
+            .cmd("SET")
+            .arg("t")
+            .arg("x")
+            .query(&mut c)
+            .unwrap();
+        assert_eq!(r.len(), 2);
+        drop(c);
+        server.shutdown();
+        // No final checkpoint: what was acknowledged is in the log.
+        drop(stack);
+    }
+    std::thread::sleep(Duration::from_millis(350));
+    let (server, stack) = start_on(dir.path());
+    let mut c = client(server.local_addr());
+    let ttl: i64 = ok(&mut c, &["TTL", "k"]);
+    assert!((990..=1000).contains(&ttl), "{ttl}");
+    assert_eq!(
+        ok::<i64>(&mut c, &["EXISTS", "h"]),
+        0,
+        "h expired while down"
+    );
+    assert_eq!(get(&mut c, "n").as_deref(), Some("1"));
+    assert_eq!(get(&mut c, "t").as_deref(), Some("x"));
+    drop(c);
+    server.shutdown();
+    stack.engine.close().unwrap();
+}
+
+#[test]
+fn multi_exec_runs_queued_commands_as_one_transaction() {
+    let (server, _stack) = start(server_config());
+    let addr = server.local_addr();
+    let mut s = raw(addr);
+    assert_eq!(exchange(&mut s, b"MULTI\r\n", 1), "+OK\r\n");
+    assert_eq!(exchange(&mut s, b"SET a 1\r\n", 1), "+QUEUED\r\n");
+    assert_eq!(exchange(&mut s, b"INCR a\r\n", 1), "+QUEUED\r\n");
+    assert_eq!(exchange(&mut s, b"HSET a f v\r\n", 1), "+QUEUED\r\n");
+    assert_eq!(exchange(&mut s, b"PING\r\n", 1), "+QUEUED\r\n");
+    assert_eq!(exchange(&mut s, b"GET a\r\n", 1), "+QUEUED\r\n");
+    assert_eq!(
+        exchange(&mut s, b"EXEC\r\n", 7),
+        "*5\r\n+OK\r\n:2\r\n-WRONGTYPE Operation against a key holding the wrong kind of value\r\n+PONG\r\n$1\r\n2\r\n"
+    );
+    // Errors while queueing abort the whole transaction.
+    exchange(&mut s, b"MULTI\r\n", 1);
+    exchange(&mut s, b"SET b 1\r\n", 1);
+    assert!(exchange(&mut s, b"NOPE\r\n", 1).starts_with("-ERR unknown command"));
+    assert!(exchange(&mut s, b"GET\r\n", 1).starts_with("-ERR wrong number"));
+    assert_eq!(
+        exchange(&mut s, b"KEYS *\r\n", 1),
+        "-ERR Command not allowed inside a transaction\r\n"
+    );
+    assert_eq!(
+        exchange(&mut s, b"MULTI\r\n", 1),
+        "-ERR MULTI calls can not be nested\r\n"
+    );
+    assert_eq!(
+        exchange(&mut s, b"WATCH a\r\n", 1),
+        "-ERR WATCH inside MULTI is not allowed\r\n"
+    );
+    assert_eq!(
+        exchange(&mut s, b"EXEC\r\n", 1),
+        "-EXECABORT Transaction discarded because of previous errors.\r\n"
+    );
+    assert_eq!(exchange(&mut s, b"EXISTS b\r\n", 1), ":0\r\n");
+    assert_eq!(
+        exchange(&mut s, b"EXEC\r\n", 1),
+        "-ERR EXEC without MULTI\r\n"
+    );
+    assert_eq!(
+        exchange(&mut s, b"DISCARD\r\n", 1),
+        "-ERR DISCARD without MULTI\r\n"
+    );
+    exchange(&mut s, b"MULTI\r\n", 1);
+    exchange(&mut s, b"SET b 1\r\n", 1);
+    assert_eq!(exchange(&mut s, b"DISCARD\r\n", 1), "+OK\r\n");
+    assert_eq!(exchange(&mut s, b"EXISTS b\r\n", 1), ":0\r\n");
+    // An empty transaction.
+    exchange(&mut s, b"MULTI\r\n", 1);
+    assert_eq!(exchange(&mut s, b"EXEC\r\n", 1), "*0\r\n");
+
+    // WATCH: a change by another client aborts EXEC (nil), and nothing runs.
+    let mut c = client(addr);
+    let mut other = client(addr);
+    ok::<()>(&mut c, &["SET", "w", "1"]);
+    ok::<()>(&mut c, &["WATCH", "w", "absent"]);
+    ok::<()>(&mut other, &["SET", "w", "2"]);
+    ok::<()>(&mut c, &["MULTI"]);
+    ok::<()>(&mut c, &["SET", "w", "3"]);
+    assert_eq!(ok::<Value>(&mut c, &["EXEC"]), Value::Nil);
+    assert_eq!(get(&mut c, "w").as_deref(), Some("2"));
+    // Unchanged: it runs. Creating a watched key counts as a change.
+    ok::<()>(&mut c, &["WATCH", "w"]);
+    ok::<()>(&mut c, &["MULTI"]);
+    ok::<()>(&mut c, &["SET", "w", "3"]);
+    assert_eq!(ok::<Vec<String>>(&mut c, &["EXEC"]), ["OK"]);
+    ok::<()>(&mut c, &["WATCH", "fresh"]);
+    ok::<()>(&mut other, &["SET", "fresh", "1"]);
+    ok::<()>(&mut c, &["MULTI"]);
+    ok::<()>(&mut c, &["DEL", "fresh"]);
+    assert_eq!(ok::<Value>(&mut c, &["EXEC"]), Value::Nil);
+    // UNWATCH forgets; FLUSHALL counts as a change.
+    ok::<()>(&mut c, &["WATCH", "w"]);
+    ok::<()>(&mut other, &["SET", "w", "4"]);
+    ok::<()>(&mut c, &["UNWATCH"]);
+    ok::<()>(&mut c, &["MULTI"]);
+    ok::<()>(&mut c, &["GET", "w"]);
+    assert_eq!(ok::<Vec<String>>(&mut c, &["EXEC"]), ["4"]);
+    ok::<()>(&mut c, &["WATCH", "nothing"]);
+    ok::<()>(&mut other, &["FLUSHALL"]);
+    ok::<()>(&mut c, &["MULTI"]);
+    ok::<()>(&mut c, &["PING"]);
+    assert_eq!(ok::<Value>(&mut c, &["EXEC"]), Value::Nil);
+
+    // The redis crate's atomic pipeline (MULTI ... EXEC), and a WATCH loop.
+    let (a, b): (i64, i64) = redis::pipe()
+        .atomic()
+        .cmd("INCRBY")
+        .arg("x")
+        .arg(5)
+        .cmd("INCRBY")
+        .arg("x")
+        .arg(6)
+        .query(&mut c)
+        .unwrap();
+    assert_eq!((a, b), (5, 11));
+    let n: i64 = redis::transaction(&mut c, &["x"], |c, pipe| {
+        let x: i64 = c.get("x")?;
+        pipe.set("x", x * 2).ignore().get("x").query(c)
+    })
+    .map(|(v,): (i64,)| v)
+    .unwrap();
+    assert_eq!(n, 22);
+}
+
+#[test]
+fn concurrent_transactions_never_interleave() {
+    let (server, _stack) = start(server_config());
+    let addr = server.local_addr();
+    let threads: Vec<_> = (0..4)
+        .map(|t| {
+            std::thread::spawn(move || {
+                let mut c = client(addr);
+                for i in 0..200 {
+                    let v = format!("{t}-{i}");
+                    let _: () = redis::pipe()
+                        .atomic()
+                        .set("p", &v)
+                        .ignore()
+                        .set("q", &v)
+                        .ignore()
+                        .query(&mut c)
+                        .unwrap();
+                    let (p, q): (String, String) = redis::pipe()
+                        .atomic()
+                        .get("p")
+                        .get("q")
+                        .query(&mut c)
+                        .unwrap();
+                    assert_eq!(p, q, "a transaction saw another half done");
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+}
+
+#[test]
+fn scan_and_keys_walk_the_key_space() {
+    let (server, _stack) = start(server_config());
+    let mut c = client(server.local_addr());
+    for i in 0..500 {
+        ok::<()>(&mut c, &["SET", &format!("user:{i}"), "v"]);
+    }
+    for i in 0..20 {
+        ok::<()>(&mut c, &["HSET", &format!("h:{i}"), "f", "v"]);
+    }
+    ok::<()>(&mut c, &["SET", "gone", "v", "PX", "1"]);
+    std::thread::sleep(Duration::from_millis(5));
+    let mut seen = std::collections::HashSet::new();
+    let mut cursor = "0".to_string();
+    let mut calls = 0;
+    loop {
+        let (next, keys): (String, Vec<String>) =
+            ok(&mut c, &["SCAN", &cursor, "MATCH", "user:*", "COUNT", "50"]);
+        calls += 1;
+        assert!(keys.iter().all(|k| k.starts_with("user:")));
+        seen.extend(keys);
+        if next == "0" {
+            break;
+        }
+        cursor = next;
+    }
+    assert_eq!(seen.len(), 500);
+    assert!(calls > 3, "COUNT bounds a call: {calls}");
+    let mut hashes = 0;
+    let mut cursor = "0".to_string();
+    loop {
+        let (next, keys): (String, Vec<String>) =
+            ok(&mut c, &["SCAN", &cursor, "COUNT", "1000", "TYPE", "hash"]);
+        hashes += keys.len();
+        if next == "0" {
+            break;
+        }
+        cursor = next;
+    }
+    assert_eq!(hashes, 20);
+    let mut keys: Vec<String> = ok(&mut c, &["KEYS", "user:1?"]);
+    keys.sort();
+    assert_eq!(keys.len(), 10);
+    assert_eq!(
+        ok::<Vec<String>>(&mut c, &["KEYS", "gone"]),
+        Vec::<String>::new()
+    );
+    let any: Option<String> = ok(&mut c, &["RANDOMKEY"]);
+    assert!(any.is_some());
+    assert!(fails(&mut c, &["SCAN", "x"]).contains("invalid cursor"));
+    assert!(fails(&mut c, &["SCAN", "0", "COUNT", "0"]).contains("syntax error"));
+    // A scan of the redis crate's kind.
+    let all: Vec<String> = c.scan_match("h:*").unwrap().collect();
+    assert_eq!(all.len(), 20);
+}
+
+#[test]
+fn requirepass_demands_auth_before_anything_else() {
+    let cfg = ServerConfig {
+        requirepass: "s3cret".into(),
+        ..server_config()
+    };
+    let (server, _stack) = start(cfg);
+    let addr = server.local_addr();
+    let mut s = raw(addr);
+    assert_eq!(
+        exchange(&mut s, b"GET k\r\n", 1),
+        "-NOAUTH Authentication required.\r\n"
+    );
+    assert!(exchange(&mut s, b"HELLO 3\r\n", 1).starts_with("-NOAUTH HELLO must be called"));
+    assert_eq!(
+        exchange(&mut s, b"AUTH wrong\r\n", 1),
+        "-WRONGPASS invalid username-password pair or user is disabled.\r\n"
+    );
+    assert_eq!(exchange(&mut s, b"AUTH s3cret\r\n", 1), "+OK\r\n");
+    assert_eq!(exchange(&mut s, b"SET k v\r\n", 1), "+OK\r\n");
+    // RESET logs the connection out again.
+    assert_eq!(exchange(&mut s, b"RESET\r\n", 1), "+RESET\r\n");
+    assert!(exchange(&mut s, b"GET k\r\n", 1).starts_with("-NOAUTH"));
+    let hello = exchange(&mut s, b"HELLO 3 AUTH default s3cret\r\n", 26);
+    assert!(hello.starts_with("%7"), "{hello}");
+    // Clients authenticate from the URL.
+    let c = redis::Client::open(format!("redis://:s3cret@{addr}/")).unwrap();
+    let mut c = c
+        .get_connection_with_timeout(Duration::from_secs(5))
+        .unwrap();
+    assert_eq!(get(&mut c, "k").as_deref(), Some("v"));
+    let bad = redis::Client::open(format!("redis://:nope@{addr}/")).unwrap();
+    assert!(bad
+        .get_connection_with_timeout(Duration::from_secs(5))
+        .is_err());
+    // CONFIG SET changes it for new connections and AUTHs.
+    ok::<()>(&mut c, &["CONFIG", "SET", "requirepass", ""]);
+    let mut fresh = raw(addr);
+    assert_eq!(exchange(&mut fresh, b"GET k\r\n", 2), "$1\r\nv\r\n");
+    assert!(fails(&mut c, &["CONFIG", "SET", "maxclients", "5"]).contains("config file"));
+    assert!(fails(&mut c, &["CONFIG", "SET", "nope", "5"]).contains("Unknown option"));
+    ok::<()>(&mut c, &["CONFIG", "SET", "maxclients", "64"]);
+}
+
+#[test]
+fn protected_mode_refuses_clients_beyond_loopback_without_a_password() {
+    // A non-loopback address of this machine, if it has one (the route a
+    // UDP socket would take; nothing is sent).
+    let probe = std::net::UdpSocket::bind("0.0.0.0:0").unwrap();
+    let outside = probe
+        .connect("192.0.2.1:9")
+        .ok()
+        .and_then(|()| probe.local_addr().ok())
+        .map(|a| a.ip())
+        .filter(|ip| !ip.is_loopback() && !ip.is_unspecified());
+    let Some(ip) = outside else {
+        eprintln!("skipped: this machine has no non-loopback IPv4 address to connect from");
+        return;
+    };
+    let cfg = ServerConfig {
+        bind: "0.0.0.0:0".into(),
+        ..server_config()
+    };
+    let (server, _stack) = start(cfg);
+    let port = server.local_addr().port();
+    let mut s = raw(SocketAddr::new(ip, port));
+    let reply = exchange(&mut s, b"PING\r\n", 1);
+    assert!(
+        reply.starts_with("-DENIED Redis is running in protected mode"),
+        "{reply}"
+    );
+    // Loopback is served; turning protected mode off serves everyone.
+    let mut c = client(SocketAddr::new("127.0.0.1".parse().unwrap(), port));
+    ok::<()>(&mut c, &["CONFIG", "SET", "protected-mode", "no"]);
+    let mut s = raw(SocketAddr::new(ip, port));
+    assert_eq!(exchange(&mut s, b"PING\r\n", 1), "+PONG\r\n");
+}
+
+#[test]
+fn client_list_info_and_kill() {
+    let (server, _stack) = start(server_config());
+    let addr = server.local_addr();
+    let mut a = client(addr);
+    let mut b = client(addr);
+    ok::<()>(&mut a, &["CLIENT", "SETNAME", "alpha"]);
+    ok::<()>(&mut a, &["CLIENT", "SETINFO", "LIB-NAME", "mylib"]);
+    let b_id: i64 = ok(&mut b, &["CLIENT", "ID"]);
+    let list: String = ok(&mut a, &["CLIENT", "LIST"]);
+    assert_eq!(list.lines().count(), 2, "{list}");
+    assert!(
+        list.contains("name=alpha") && list.contains("lib-name=mylib"),
+        "{list}"
+    );
+    assert!(list.contains(&format!("id={b_id} ")), "{list}");
+    let info: String = ok(&mut a, &["CLIENT", "INFO"]);
+    assert!(
+        info.contains("name=alpha") && info.contains("cmd=client"),
+        "{info}"
+    );
+    let one: String = ok(&mut a, &["CLIENT", "LIST", "ID", &b_id.to_string()]);
+    assert_eq!(one.lines().count(), 1);
+    assert_eq!(
+        ok::<i64>(&mut a, &["CLIENT", "KILL", "ID", &b_id.to_string()]),
+        1
+    );
+    assert!(q::<String>(&mut b, &["PING"]).is_err(), "b was closed");
+    assert_eq!(ok::<i64>(&mut a, &["CLIENT", "KILL", "ID", "999999"]), 0);
+    assert!(fails(&mut a, &["CLIENT", "KILL", "1.2.3.4:5"]).contains("No such client"));
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while server.connected() != 1 {
+        assert!(Instant::now() < deadline, "the killed client stayed");
+        std::thread::sleep(Duration::from_millis(10));
+    }
 }

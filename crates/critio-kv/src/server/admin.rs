@@ -1,16 +1,23 @@
-//! Server commands: PING, ECHO, SELECT, HELLO, AUTH, QUIT, INFO, CONFIG,
-//! CLIENT, COMMAND, SAVE, BGSAVE, BGREWRITEAOF.
+//! Server commands: PING, ECHO, TIME, SELECT, HELLO, AUTH, RESET, QUIT,
+//! INFO, CONFIG, COMMAND, SAVE, BGSAVE, BGREWRITEAOF (CLIENT is in
+//! `clients`).
 //!
 //! `HELLO [2|3] [AUTH user pass] [SETNAME name]` switches the connection's
 //! protocol (RESP3's maps, nulls and verbatim text from the next reply
 //! on, its own reply included) and answers what Redis 7 does: server,
-//! version, proto, id, mode, role, modules. There is no password to check
-//! yet (no `requirepass`), so AUTH, as Redis's passwordless `default`
-//! user, accepts user `default` with any password and refuses any other
-//! user with Redis's WRONGPASS.
+//! version, proto, id, mode, role, modules.
+//!
+//! Authentication is Redis's with one user, `default`: with `requirepass`
+//! set (`[server]`, `--requirepass`, CONFIG SET), a connection runs nothing
+//! but AUTH, HELLO, RESET and QUIT until `AUTH pass`, `AUTH default pass`
+//! or `HELLO 3 AUTH default pass` gives the password (NOAUTH otherwise,
+//! WRONGPASS for a wrong one). Without a password the `default` user is
+//! passwordless: AUTH with it accepts any password, as Redis does.
 //!
 //! CONFIG answers `GET` with what redis-benchmark, redis-cli and YCSB's
-//! clients ask for, mapped onto critio-kv's settings:
+//! clients ask for, mapped onto critio-kv's settings; `SET` changes
+//! `requirepass` and `protected-mode` at run time, and accepts any other
+//! known parameter only with the value it has:
 //!
 //! | parameter            | value                                           |
 //! |----------------------|-------------------------------------------------|
@@ -19,11 +26,13 @@
 //! | `maxmemory`, `maxmemory-policy` | `0`, `noeviction`                    |
 //! | `databases`          | `1`                                             |
 //! | `maxclients`, `timeout`, `proto-max-bulk-len`, `bind`, `port`, `dir` | from `[server]` and the data directory |
+//! | `requirepass`, `protected-mode` | as set now (`""` when no password is set) |
 
-use super::command::{describe, find, syntax_error, wrong_arity, Ctx, COMMANDS};
+use super::command::{describe, find, syntax_error, wrong_arity, Ctx, Run, Spec, COMMANDS};
 use super::data::int;
 use super::info::{self, Job};
 use super::reply::{Protocol, Reply};
+use crate::glob;
 
 pub(crate) fn ping(_: &mut Ctx<'_>, a: &[&[u8]]) -> Reply {
     match a {
@@ -35,6 +44,16 @@ pub(crate) fn ping(_: &mut Ctx<'_>, a: &[&[u8]]) -> Reply {
 
 pub(crate) fn echo(_: &mut Ctx<'_>, a: &[&[u8]]) -> Reply {
     Reply::Bulk(a[1].to_vec())
+}
+
+pub(crate) fn time(_: &mut Ctx<'_>, _: &[&[u8]]) -> Reply {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    Reply::Array(vec![
+        Reply::Bulk(now.as_secs().to_string().into_bytes()),
+        Reply::Bulk(now.subsec_micros().to_string().into_bytes()),
+    ])
 }
 
 pub(crate) fn select(_: &mut Ctx<'_>, a: &[&[u8]]) -> Reply {
@@ -51,14 +70,30 @@ pub(crate) const REDIS_VERSION: &str = "7.0.0";
 
 const WRONGPASS: &str = "WRONGPASS invalid username-password pair or user is disabled.";
 
-/// Redis's check of a user/password pair, with no password set: the
-/// `default` user has none (`nopass`), and no other user exists.
-fn authenticate(user: &[u8]) -> Result<(), Reply> {
-    if user == b"default" {
+/// Redis's check of a user/password pair: the only user is `default`,
+/// whose password is `requirepass` (none: any password is accepted).
+fn authenticate(ctx: &mut Ctx<'_>, user: &[u8], pass: &[u8]) -> Result<(), Reply> {
+    let ok = user == b"default"
+        && ctx
+            .shared
+            .password()
+            .is_none_or(|p| constant_time_eq(p.as_bytes(), pass));
+    if ok {
+        ctx.session.authenticated = true;
         Ok(())
     } else {
         Err(Reply::Error(WRONGPASS.into()))
     }
+}
+
+/// Compares without stopping at the first difference, so the time taken
+/// does not tell a guesser how much of the password it got right.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    let mut diff = a.len() ^ b.len();
+    for (i, &x) in a.iter().enumerate() {
+        diff |= usize::from(x ^ b.get(i).copied().unwrap_or(!x));
+    }
+    diff == 0
 }
 
 pub(crate) fn hello(ctx: &mut Ctx<'_>, a: &[&[u8]]) -> Reply {
@@ -75,7 +110,7 @@ pub(crate) fn hello(ctx: &mut Ctx<'_>, a: &[&[u8]]) -> Reply {
         while i < a.len() {
             let more = a.len() - i - 1;
             if a[i].eq_ignore_ascii_case(b"AUTH") && more >= 2 {
-                if let Err(r) = authenticate(a[i + 1]) {
+                if let Err(r) = authenticate(ctx, a[i + 1], a[i + 2]) {
                     return r;
                 }
                 i += 3;
@@ -93,38 +128,67 @@ pub(crate) fn hello(ctx: &mut Ctx<'_>, a: &[&[u8]]) -> Reply {
             }
         }
     }
+    if !ctx.session.authenticated {
+        return Reply::Error(
+            "NOAUTH HELLO must be called with the client already authenticated, otherwise the \
+             HELLO <proto> AUTH <user> <pass> option can be used to authenticate the client and \
+             select the RESP protocol version at the same time"
+                .into(),
+        );
+    }
     if let Some(n) = name {
-        ctx.session.name = Some(n.to_vec()).filter(|n| !n.is_empty());
+        ctx.session.client.set_name(n);
     }
     ctx.session.protocol = proto;
+    ctx.session.client.set_resp(proto.version());
     Reply::Map(vec![
         (Reply::text("server"), Reply::text("redis")),
         (Reply::text("version"), Reply::text(REDIS_VERSION)),
         (Reply::text("proto"), Reply::Int(proto.version())),
-        (Reply::text("id"), Reply::Int(ctx.session.id as i64)),
+        (Reply::text("id"), Reply::Int(ctx.session.client.id as i64)),
         (Reply::text("mode"), Reply::text("standalone")),
         (Reply::text("role"), Reply::text("master")),
         (Reply::text("modules"), Reply::Array(Vec::new())),
     ])
 }
 
-pub(crate) fn auth(_: &mut Ctx<'_>, a: &[&[u8]]) -> Reply {
-    match a {
-        [_, _] => Reply::err(
-            "AUTH <password> called without any password configured for the default user. \
-             Are you sure your configuration is correct?",
-        ),
-        [_, user, _] => match authenticate(user) {
-            Ok(()) => Reply::OK,
-            Err(r) => r,
-        },
-        _ => syntax_error(),
+pub(crate) fn auth(ctx: &mut Ctx<'_>, a: &[&[u8]]) -> Reply {
+    let (user, pass): (&[u8], &[u8]) = match a {
+        [_, pass] => {
+            if ctx.shared.password().is_none() {
+                return Reply::err(
+                    "AUTH <password> called without any password configured for the default \
+                     user. Are you sure your configuration is correct?",
+                );
+            }
+            (b"default", pass)
+        }
+        [_, user, pass] => (user, pass),
+        _ => return syntax_error(),
+    };
+    match authenticate(ctx, user, pass) {
+        Ok(()) => Reply::OK,
+        Err(r) => r,
     }
+}
+
+/// RESET: the connection as it was when it connected (no MULTI, nothing
+/// watched, RESP2, no name, authenticated only if no password is set).
+pub(crate) fn reset(ctx: &mut Ctx<'_>, _: &[&[u8]]) -> Reply {
+    ctx.session.multi = Default::default();
+    ctx.session.protocol = Protocol::Resp2;
+    ctx.session.authenticated = ctx.shared.password().is_none();
+    let c = &ctx.session.client;
+    c.set_name(b"");
+    c.set_resp(2);
+    c.set_multi(None);
+    c.set_watching(0);
+    Reply::Simple("RESET")
 }
 
 /// Redis's rule for client names: no spaces, newlines or other characters
 /// outside `!`..`~`.
-fn valid_name(name: &[u8]) -> Result<(), Reply> {
+pub(crate) fn valid_name(name: &[u8]) -> Result<(), Reply> {
     if name.iter().all(|&c| (b'!'..=b'~').contains(&c)) {
         Ok(())
     } else {
@@ -183,7 +247,7 @@ fn start(ctx: &Ctx<'_>, job: Job, started: &'static str) -> Reply {
     }
 }
 
-fn unknown_subcommand(sub: &[u8], cmd: &str) -> Reply {
+pub(crate) fn unknown_subcommand(sub: &[u8], cmd: &str) -> Reply {
     Reply::err(format!(
         "unknown subcommand '{}'. Try {cmd} HELP.",
         String::from_utf8_lossy(sub)
@@ -224,7 +288,57 @@ fn parameters(ctx: &Ctx<'_>) -> Vec<(&'static str, String)> {
                 .as_ref()
                 .map_or(String::new(), |d| d.display().to_string()),
         ),
+        ("requirepass", s.password().unwrap_or_default()),
+        (
+            "protected-mode",
+            if s.protected_mode() { "yes" } else { "no" }.into(),
+        ),
     ]
+}
+
+/// CONFIG SET name value [name value ...]: all or nothing.
+fn config_set(ctx: &mut Ctx<'_>, a: &[&[u8]]) -> Reply {
+    if a.len() < 4 || a.len() % 2 != 0 {
+        return wrong_arity("config|set");
+    }
+    let now = parameters(ctx);
+    let mut changes = Vec::new();
+    for pair in a[2..].chunks(2) {
+        let name = String::from_utf8_lossy(pair[0]).to_ascii_lowercase();
+        let value = String::from_utf8_lossy(pair[1]).into_owned();
+        let fail = |why: &str| {
+            Reply::err(format!(
+                "CONFIG SET failed (possibly related to argument '{name}') - {why}"
+            ))
+        };
+        let Some((_, current)) = now.iter().find(|(n, _)| *n == name) else {
+            return fail("Unknown option or number of arguments for CONFIG SET");
+        };
+        match name.as_str() {
+            "requirepass" => changes.push((name, value)),
+            "protected-mode" => match value.to_ascii_lowercase().as_str() {
+                "yes" | "no" => changes.push((name, value.to_ascii_lowercase())),
+                _ => return fail("argument must be 'yes' or 'no'"),
+            },
+            // The rest are set in the config file; setting what is already
+            // in force is accepted.
+            _ if *current == value => {}
+            _ => {
+                return fail(&format!(
+                    "critio-kv sets it only in its config file (it is {current:?})"
+                ))
+            }
+        }
+    }
+    for (name, value) in changes {
+        match name.as_str() {
+            "requirepass" => ctx
+                .shared
+                .set_password(Some(value).filter(|v| !v.is_empty())),
+            _ => ctx.shared.set_protected_mode(value == "yes"),
+        }
+    }
+    Reply::OK
 }
 
 pub(crate) fn config(ctx: &mut Ctx<'_>, a: &[&[u8]]) -> Reply {
@@ -234,47 +348,28 @@ pub(crate) fn config(ctx: &mut Ctx<'_>, a: &[&[u8]]) -> Reply {
         "GET" => {
             let mut out = Vec::new();
             for (name, value) in parameters(ctx) {
-                if a[2..].iter().any(|p| glob(p, name.as_bytes())) {
+                if a[2..].iter().any(|p| glob::matches(p, name.as_bytes(), true)) {
                     out.push((Reply::text(name), Reply::Bulk(value.into_bytes())));
                 }
             }
             Reply::Map(out)
         }
-        "SET" => Reply::err("CONFIG SET is not supported: set it in the config file and restart"),
+        "SET" => config_set(ctx, a),
         "RESETSTAT" => {
             ctx.shared.stats.reset();
             Reply::OK
         }
         "HELP" => help(&[
             "CONFIG GET <pattern>: parameters matching the pattern, and their values.",
+            "CONFIG SET <parameter> <value> [...]: requirepass, protected-mode; others only to their value.",
             "CONFIG RESETSTAT: reset the INFO stats counters.",
         ]),
         _ => unknown_subcommand(a[1], "CONFIG"),
     }
 }
 
-fn help(lines: &[&str]) -> Reply {
+pub(crate) fn help(lines: &[&str]) -> Reply {
     Reply::Array(lines.iter().map(|l| Reply::text(l)).collect())
-}
-
-pub(crate) fn client(ctx: &mut Ctx<'_>, a: &[&[u8]]) -> Reply {
-    let sub = String::from_utf8_lossy(a[1]).to_ascii_uppercase();
-    match (sub.as_str(), a.len()) {
-        ("SETINFO", 4) => Reply::OK,
-        ("SETNAME", 3) => match valid_name(a[2]) {
-            Ok(()) => {
-                ctx.session.name = Some(a[2].to_vec()).filter(|n| !n.is_empty());
-                Reply::OK
-            }
-            Err(r) => r,
-        },
-        ("GETNAME", 2) => Reply::opt(ctx.session.name.clone()),
-        ("ID", 2) => Reply::Int(ctx.session.id as i64),
-        ("SETINFO" | "SETNAME" | "GETNAME" | "ID", _) => {
-            wrong_arity(&format!("client|{}", sub.to_ascii_lowercase()))
-        }
-        _ => unknown_subcommand(a[1], "CLIENT"),
-    }
 }
 
 pub(crate) fn command(_: &mut Ctx<'_>, a: &[&[u8]]) -> Reply {
@@ -283,7 +378,21 @@ pub(crate) fn command(_: &mut Ctx<'_>, a: &[&[u8]]) -> Reply {
     };
     match String::from_utf8_lossy(sub).to_ascii_uppercase().as_str() {
         "COUNT" => Reply::Int(COMMANDS.len() as i64),
-        "DOCS" => Reply::Array(Vec::new()),
+        "DOCS" => {
+            let docs = |s: &Spec| {
+                (
+                    Reply::text(s.name),
+                    Reply::Map(vec![
+                        (Reply::text("group"), Reply::text(group(s))),
+                        (Reply::text("arity"), Reply::Int(s.arity.into())),
+                    ]),
+                )
+            };
+            Reply::Map(match &a[2..] {
+                [] => COMMANDS.iter().map(docs).collect(),
+                names => names.iter().filter_map(|n| find(n)).map(docs).collect(),
+            })
+        }
         "LIST" => Reply::Array(COMMANDS.iter().map(|s| Reply::text(s.name)).collect()),
         "INFO" => Reply::Array(
             a[2..]
@@ -295,48 +404,16 @@ pub(crate) fn command(_: &mut Ctx<'_>, a: &[&[u8]]) -> Reply {
     }
 }
 
-/// Glob matching as CONFIG GET does it (`*`, `?`, case-insensitive),
-/// iterative: the last `*` is the only backtrack point, so it is
-/// O(pattern × text).
-pub(crate) fn glob(pattern: &[u8], text: &[u8]) -> bool {
-    let (mut p, mut t) = (0, 0);
-    let mut star: Option<(usize, usize)> = None;
-    while t < text.len() {
-        match pattern.get(p) {
-            Some(b'*') => {
-                star = Some((p, t));
-                p += 1;
-            }
-            Some(&c) if c == b'?' || c.eq_ignore_ascii_case(&text[t]) => {
-                p += 1;
-                t += 1;
-            }
-            _ => match star {
-                Some((sp, st)) => {
-                    p = sp + 1;
-                    t = st + 1;
-                    star = Some((sp, st + 1));
-                }
-                None => return false,
-            },
-        }
-    }
-    pattern[p.min(pattern.len())..].iter().all(|&c| c == b'*')
-}
-
-#[cfg(test)]
-mod tests {
-    use super::glob;
-
-    #[test]
-    fn glob_matches_like_config_get() {
-        assert!(glob(b"*", b"save"));
-        assert!(glob(b"max*", b"maxmemory-policy"));
-        assert!(glob(b"SAVE", b"save"));
-        assert!(glob(b"s?ve", b"save"));
-        assert!(glob(b"*o*y", b"maxmemory-policy"));
-        assert!(!glob(b"max", b"maxclients"));
-        assert!(!glob(b"x*", b"save"));
-        assert!(glob(b"", b""));
+/// The command's group, as COMMAND DOCS names it.
+fn group(s: &Spec) -> &'static str {
+    match s.name {
+        "del" | "unlink" | "exists" | "type" | "expire" | "pexpire" | "expireat" | "pexpireat"
+        | "persist" | "ttl" | "pttl" | "expiretime" | "pexpiretime" | "scan" | "keys"
+        | "randomkey" => "generic",
+        "multi" | "exec" | "discard" | "watch" | "unwatch" => "transactions",
+        "ping" | "echo" | "select" | "hello" | "auth" | "quit" | "reset" | "client" => "connection",
+        n if n.starts_with('h') && !matches!(n, "hello") => "hash",
+        _ if matches!(s.run, Run::Data(_) | Run::Read(..)) => "string",
+        _ => "server",
     }
 }

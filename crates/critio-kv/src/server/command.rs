@@ -10,18 +10,21 @@
 //! ```
 
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
+use super::clients::Client;
 use super::reply::{Protocol, Reply};
-use super::{admin, data, Shared, Stats};
+use super::{admin, clients, data, multi, Shared, Stats};
+use crate::engine::Txn;
 
 /// One connection's state.
 pub(crate) struct Session {
-    /// The client id (CLIENT ID).
-    pub id: u64,
-    /// CLIENT SETNAME (or HELLO's SETNAME).
-    pub name: Option<Vec<u8>>,
+    /// The client as CLIENT LIST shows it (its id, name, ...).
+    pub client: Arc<Client>,
     /// The protocol its replies are in (HELLO).
     pub protocol: Protocol,
+    /// It has authenticated (or no password is set).
+    pub authenticated: bool,
     /// QUIT was received: close after the reply.
     pub quit: bool,
     /// A read that misses the page cache may park the connection instead
@@ -30,17 +33,20 @@ pub(crate) struct Session {
     /// Set by a read that missed while `may_park`: the request did not
     /// run; it runs again once this is prefetched.
     pub parked: Option<crate::engine::Prefetch>,
+    /// MULTI's queue and WATCH's keys.
+    pub multi: multi::State,
 }
 
 impl Session {
-    pub(crate) fn new(id: u64) -> Session {
+    pub(crate) fn new(client: Arc<Client>, authenticated: bool) -> Session {
         Session {
-            id,
-            name: None,
+            client,
             protocol: Protocol::Resp2,
+            authenticated,
             quit: false,
             may_park: false,
             parked: None,
+            multi: multi::State::default(),
         }
     }
 }
@@ -51,8 +57,27 @@ pub(crate) struct Ctx<'a> {
     pub session: &'a mut Session,
 }
 
-/// A command's handler: the words of the request, the name first.
+/// A server command's handler: the words of the request, the name first.
 pub(crate) type Handler = fn(&mut Ctx<'_>, &[&[u8]]) -> Reply;
+
+/// A key-value command's handler: it runs in a transaction over the
+/// command's keys (alone, or with the rest of a MULTI).
+pub(crate) type DataHandler = fn(&mut Txn<'_>, &[&[u8]]) -> Reply;
+
+/// How a command runs.
+#[derive(Clone, Copy)]
+pub(crate) enum Run {
+    /// A key-value command over its keys.
+    Data(DataHandler),
+    /// GET: alone without a transaction (it may park on a cache miss), in
+    /// MULTI as a key-value command.
+    Read(Handler, DataHandler),
+    /// A server command that touches no key and takes no engine lock: it
+    /// may be queued in MULTI, where it runs inside the transaction.
+    Pure(Handler),
+    /// Any other server command: not allowed in MULTI.
+    Server(Handler),
+}
 
 /// One command.
 pub(crate) struct Spec {
@@ -65,13 +90,16 @@ pub(crate) struct Spec {
     /// First key, last key (-1: the last word), step.
     pub keys: (i32, i32, i32),
     /// The handler.
-    pub run: Handler,
+    pub run: Run,
 }
 
 const W: &[&str] = &["write"];
+const WF: &[&str] = &["write", "fast"];
 const R: &[&str] = &["readonly", "fast"];
+const RS: &[&str] = &["readonly"];
 const A: &[&str] = &["admin", "noscript"];
 const F: &[&str] = &["fast"];
+const CONN: &[&str] = &["noscript", "loading", "stale", "fast"];
 const NONE: (i32, i32, i32) = (0, 0, 0);
 const ONE: (i32, i32, i32) = (1, 1, 1);
 const ALL: (i32, i32, i32) = (1, -1, 1);
@@ -88,58 +116,135 @@ macro_rules! spec {
     };
 }
 
+use Run::{Data, Pure, Server};
+
 /// Every command, in `COMMAND`'s order.
 pub(crate) static COMMANDS: &[Spec] = &[
-    spec!("get", 2, R, ONE, data::get),
-    spec!("set", -3, W, ONE, data::set),
-    spec!("del", -2, W, ALL, data::del),
-    spec!("exists", -2, R, ALL, data::exists),
-    spec!("mget", -2, R, ALL, data::mget),
-    spec!("mset", -3, W, (1, -1, 2), data::mset),
-    spec!("incr", 2, W, ONE, data::incr),
-    spec!("incrby", 3, W, ONE, data::incrby),
-    spec!("decr", 2, W, ONE, data::decr),
-    spec!("decrby", 3, W, ONE, data::decrby),
-    spec!("hset", -4, W, ONE, data::hset),
-    spec!("hmset", -4, W, ONE, data::hmset),
-    spec!("hget", 3, R, ONE, data::hget),
-    spec!("hgetall", 2, &["readonly"], ONE, data::hgetall),
-    spec!("hdel", -3, W, ONE, data::hdel),
-    spec!("dbsize", 1, R, NONE, data::dbsize),
-    spec!("flushall", -1, W, NONE, data::flushall),
-    spec!("flushdb", -1, W, NONE, data::flushall),
-    spec!("ping", -1, F, NONE, admin::ping),
-    spec!("echo", 2, F, NONE, admin::echo),
-    spec!("select", 2, F, NONE, admin::select),
+    spec!("get", 2, R, ONE, Run::Read(data::get_alone, data::get)),
+    spec!("set", -3, W, ONE, Data(data::set)),
+    spec!("setnx", 3, WF, ONE, Data(data::setnx)),
+    spec!("setex", 4, W, ONE, Data(data::setex)),
+    spec!("psetex", 4, W, ONE, Data(data::psetex)),
+    spec!("getset", 3, WF, ONE, Data(data::getset)),
+    spec!("getdel", 2, WF, ONE, Data(data::getdel)),
+    spec!("getex", -2, WF, ONE, Data(data::getex)),
+    spec!("mget", -2, R, ALL, Data(data::mget)),
+    spec!("mset", -3, W, (1, -1, 2), Data(data::mset)),
+    spec!("msetnx", -3, W, (1, -1, 2), Data(data::msetnx)),
+    spec!("append", 3, WF, ONE, Data(data::append)),
+    spec!("strlen", 2, R, ONE, Data(data::strlen)),
+    spec!("incr", 2, WF, ONE, Data(data::incr)),
+    spec!("decr", 2, WF, ONE, Data(data::decr)),
+    spec!("incrby", 3, WF, ONE, Data(data::incrby)),
+    spec!("decrby", 3, WF, ONE, Data(data::decrby)),
+    spec!("incrbyfloat", 3, WF, ONE, Data(data::incrbyfloat)),
+    spec!("del", -2, W, ALL, Data(data::del)),
+    spec!("unlink", -2, WF, ALL, Data(data::del)),
+    spec!("exists", -2, R, ALL, Data(data::exists)),
+    spec!("type", 2, R, ONE, Data(data::type_)),
+    spec!("expire", -3, WF, ONE, Data(data::expire)),
+    spec!("pexpire", -3, WF, ONE, Data(data::pexpire)),
+    spec!("expireat", -3, WF, ONE, Data(data::expireat)),
+    spec!("pexpireat", -3, WF, ONE, Data(data::pexpireat)),
+    spec!("persist", 2, WF, ONE, Data(data::persist)),
+    spec!("ttl", 2, R, ONE, Data(data::ttl)),
+    spec!("pttl", 2, R, ONE, Data(data::pttl)),
+    spec!("expiretime", 2, R, ONE, Data(data::expiretime)),
+    spec!("pexpiretime", 2, R, ONE, Data(data::pexpiretime)),
+    spec!("hset", -4, WF, ONE, Data(data::hset)),
+    spec!("hmset", -4, WF, ONE, Data(data::hmset)),
+    spec!("hsetnx", 4, WF, ONE, Data(data::hsetnx)),
+    spec!("hget", 3, R, ONE, Data(data::hget)),
+    spec!("hmget", -3, R, ONE, Data(data::hmget)),
+    spec!("hgetall", 2, RS, ONE, Data(data::hgetall)),
+    spec!("hkeys", 2, RS, ONE, Data(data::hkeys)),
+    spec!("hvals", 2, RS, ONE, Data(data::hvals)),
+    spec!("hlen", 2, R, ONE, Data(data::hlen)),
+    spec!("hexists", 3, R, ONE, Data(data::hexists)),
+    spec!("hstrlen", 3, R, ONE, Data(data::hstrlen)),
+    spec!("hdel", -3, WF, ONE, Data(data::hdel)),
+    spec!("hincrby", 4, WF, ONE, Data(data::hincrby)),
+    spec!("hincrbyfloat", 4, WF, ONE, Data(data::hincrbyfloat)),
+    spec!("dbsize", 1, R, NONE, Pure(data::dbsize)),
+    spec!("scan", -2, RS, NONE, Server(data::scan)),
+    spec!("keys", 2, RS, NONE, Server(data::keys)),
+    spec!("randomkey", 1, RS, NONE, Server(data::randomkey)),
+    spec!("flushall", -1, W, NONE, Server(data::flushall)),
+    spec!("flushdb", -1, W, NONE, Server(data::flushall)),
     spec!(
-        "hello",
-        -1,
-        &["noscript", "loading", "stale", "fast"],
+        "multi",
+        1,
+        &["noscript", "loading", "stale", "fast", "allow_busy"],
         NONE,
-        admin::hello
+        Server(multi::multi)
     ),
     spec!(
-        "auth",
+        "exec",
+        1,
+        &["noscript", "loading", "stale", "skip_slowlog"],
+        NONE,
+        Server(multi::exec)
+    ),
+    spec!(
+        "discard",
+        1,
+        &["noscript", "loading", "stale", "fast", "allow_busy"],
+        NONE,
+        Server(multi::discard)
+    ),
+    spec!(
+        "watch",
         -2,
-        &["noscript", "loading", "stale", "fast"],
-        NONE,
-        admin::auth
+        &["noscript", "loading", "stale", "fast", "allow_busy"],
+        ALL,
+        Server(multi::watch)
     ),
-    spec!("quit", -1, F, NONE, admin::quit),
-    spec!("info", -1, &["loading", "stale"], NONE, admin::info),
-    spec!("config", -2, A, NONE, admin::config),
-    spec!("client", -2, A, NONE, admin::client),
-    spec!("command", -1, &["loading", "stale"], NONE, admin::command),
-    spec!("save", 1, A, NONE, admin::save),
-    spec!("bgsave", -1, A, NONE, admin::bgsave),
-    spec!("bgrewriteaof", 1, A, NONE, admin::bgrewriteaof),
+    spec!(
+        "unwatch",
+        1,
+        &["noscript", "loading", "stale", "fast", "allow_busy"],
+        NONE,
+        Server(multi::unwatch)
+    ),
+    spec!("ping", -1, F, NONE, Pure(admin::ping)),
+    spec!("echo", 2, F, NONE, Pure(admin::echo)),
+    spec!(
+        "time",
+        1,
+        &["loading", "stale", "fast"],
+        NONE,
+        Pure(admin::time)
+    ),
+    spec!("select", 2, CONN, NONE, Server(admin::select)),
+    spec!("hello", -1, CONN, NONE, Server(admin::hello)),
+    spec!("auth", -2, CONN, NONE, Server(admin::auth)),
+    spec!("quit", -1, F, NONE, Server(admin::quit)),
+    spec!("reset", 1, CONN, NONE, Server(admin::reset)),
+    spec!("info", -1, &["loading", "stale"], NONE, Pure(admin::info)),
+    spec!("config", -2, A, NONE, Server(admin::config)),
+    spec!("client", -2, A, NONE, Server(clients::client)),
+    spec!(
+        "command",
+        -1,
+        &["loading", "stale"],
+        NONE,
+        Pure(admin::command)
+    ),
+    spec!("save", 1, A, NONE, Server(admin::save)),
+    spec!("bgsave", -1, A, NONE, Server(admin::bgsave)),
+    spec!("bgrewriteaof", 1, A, NONE, Server(admin::bgrewriteaof)),
 ];
 
 /// The command named `name` (any case).
 pub(crate) fn find(name: &[u8]) -> Option<&'static Spec> {
+    lookup(name).map(|i| &COMMANDS[i])
+}
+
+/// The index in [`COMMANDS`] of the command named `name` (any case).
+fn lookup(name: &[u8]) -> Option<usize> {
     COMMANDS
         .iter()
-        .find(|s| s.name.as_bytes().eq_ignore_ascii_case(name))
+        .position(|s| s.name.as_bytes().eq_ignore_ascii_case(name))
 }
 
 fn arity_ok(arity: i32, words: usize) -> bool {
@@ -180,18 +285,71 @@ fn unknown(args: &[&[u8]]) -> Reply {
     ))
 }
 
+/// The keys of a request, by its spec's (first, last, step).
+pub(crate) fn keys_of<'a>(spec: &Spec, args: &[&'a [u8]]) -> Vec<&'a [u8]> {
+    let (first, last, step) = spec.keys;
+    if first <= 0 || args.len() <= first as usize {
+        return Vec::new();
+    }
+    let last = if last < 0 {
+        args.len() as i32 + last
+    } else {
+        last
+    };
+    (first..=last)
+        .step_by(step.max(1) as usize)
+        .filter_map(|i| args.get(i as usize).copied())
+        .collect()
+}
+
+/// Runs a request's command now (outside MULTI, or at EXEC for a pure
+/// command queued there).
+fn run(ctx: &mut Ctx<'_>, spec: &Spec, args: &[&[u8]]) -> Reply {
+    match spec.run {
+        Run::Read(alone, _) => alone(ctx, args),
+        Run::Pure(h) | Run::Server(h) => h(ctx, args),
+        Run::Data(h) => {
+            let keys = keys_of(spec, args);
+            match ctx.shared.backend.engine.transact(&keys, |t| h(t, args)) {
+                Ok(r) => r,
+                Err(e) => e.into(),
+            }
+        }
+    }
+}
+
+/// NOAUTH: a password is set and the client has not given it.
+const NOAUTH: &str = "NOAUTH Authentication required.";
+
 /// Runs one request (`args` is not empty).
 pub(crate) fn dispatch(ctx: &mut Ctx<'_>, args: &[&[u8]]) -> Reply {
     assert!(!args.is_empty(), "an empty request has nothing to run");
-    let Some(spec) = find(args[0]) else {
-        Stats::add(&ctx.shared.stats.commands_processed, 1);
-        Stats::add(&ctx.shared.stats.error_replies, 1);
-        return unknown(args);
-    };
-    let reply = if arity_ok(spec.arity, args.len()) {
-        (spec.run)(ctx, args)
-    } else {
-        wrong_arity(spec.name)
+    let index = lookup(args[0]);
+    let found = index.map(|i| &COMMANDS[i]);
+    let reply = match found {
+        // Before AUTH only the handshake runs (Redis's "no-auth" commands).
+        _ if !ctx.session.authenticated
+            && !found.is_some_and(|s| matches!(s.name, "auth" | "hello" | "quit" | "reset")) =>
+        {
+            multi::queue_failed(ctx);
+            Reply::Error(NOAUTH.into())
+        }
+        None => {
+            multi::queue_failed(ctx);
+            unknown(args)
+        }
+        Some(spec) if !arity_ok(spec.arity, args.len()) => {
+            multi::queue_failed(ctx);
+            wrong_arity(spec.name)
+        }
+        Some(spec) => {
+            ctx.session.client.ran(index.expect("found"));
+            if ctx.session.multi.queueing() && !multi::runs_now(spec) {
+                multi::queue(ctx, spec, args)
+            } else {
+                run(ctx, spec, args)
+            }
+        }
     };
     if ctx.session.parked.is_some() {
         return reply; // not run: it runs again after its prefetch

@@ -10,6 +10,8 @@
 //! max_args = 1048576          # arguments in one request
 //! idle_timeout_ms = 0         # close a client silent this long (0: never)
 //! shutdown_timeout_ms = 10000 # how long a stop waits for commands in flight
+//! requirepass = ""            # clients must AUTH with it ("": no password)
+//! protected_mode = true       # no password: serve only loopback clients
 //!
 //! [engine]                    # crate::engine::EngineConfig
 //! checkpoint_interval_ms = 10000
@@ -73,6 +75,13 @@ pub struct ServerConfig {
     /// How long a stop waits for connections to finish the command they
     /// are running, in ms. Default 10000.
     pub shutdown_timeout_ms: u64,
+    /// Redis's `requirepass`: clients must `AUTH` with it before anything
+    /// else. Default `""`: no password.
+    pub requirepass: String,
+    /// Redis's protected mode: with no password set, clients connecting
+    /// from anywhere but the loopback interface are refused with Redis's
+    /// DENIED message. Default true.
+    pub protected_mode: bool,
 }
 
 /// The most request workers.
@@ -93,6 +102,8 @@ impl Default for ServerConfig {
             max_args: 1 << 20,
             idle_timeout_ms: 0,
             shutdown_timeout_ms: 10_000,
+            requirepass: String::new(),
+            protected_mode: true,
         }
     }
 }

@@ -70,16 +70,20 @@ pub(crate) struct Conn {
 }
 
 impl Conn {
-    pub(crate) fn new(id: u64, stream: TcpStream) -> Conn {
+    pub(crate) fn new(
+        client: std::sync::Arc<super::clients::Client>,
+        stream: TcpStream,
+        authenticated: bool,
+    ) -> Conn {
         Conn {
-            id,
+            id: client.id,
             stream,
             input: Vec::with_capacity(READ_CHUNK),
             need: 1,
             output: Vec::new(),
             sent: 0,
             unacked: Vec::new(),
-            session: Session::new(id),
+            session: Session::new(client, authenticated),
             last_active: Instant::now(),
             closing: false,
             eof: false,

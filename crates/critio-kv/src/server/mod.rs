@@ -26,19 +26,23 @@
 //! | `frame`   | request framing (sans-I/O), limits checked on headers   |
 //! | `worker`  | the event loops: rounds, group commit, stop            |
 //! | `conn`    | one connection's buffers: read, run, send              |
-//! | `command` | the command table: names, arities, dispatch            |
-//! | `data`    | the key-value commands (GET, SET, HSET, ...)           |
-//! | `admin`   | PING, INFO, CONFIG, SAVE, BGSAVE, COMMAND, ...          |
+//! | `command` | the command table: names, arities, dispatch, AUTH gate  |
+//! | `data`    | the key-value commands (GET, SET, HSET, EXPIRE, SCAN, ...), each over an engine transaction |
+//! | `multi`   | MULTI, EXEC, DISCARD, WATCH: one transaction, one log record |
+//! | `admin`   | PING, HELLO, AUTH, INFO, CONFIG, SAVE, BGSAVE, COMMAND, ... |
+//! | `clients` | the connected clients: CLIENT LIST, INFO, KILL, SETNAME |
 //! | `info`    | INFO's sections                                        |
 //! | `reply`   | replies and their encoding                             |
 
 mod admin;
+mod clients;
 mod command;
 mod config;
 mod conn;
 mod data;
 mod frame;
 mod info;
+mod multi;
 mod reply;
 mod worker;
 
@@ -167,12 +171,20 @@ impl Stats {
     }
 }
 
-/// The open connections: a handle on each socket so a stop can end its
-/// reads.
+/// The open connections: each one's [`clients::Client`], whose socket
+/// handle lets a stop or CLIENT KILL end its reads.
 #[derive(Default)]
-struct Clients {
+pub(crate) struct Clients {
     next_id: u64,
-    open: HashMap<u64, TcpStream>,
+    pub(crate) open: HashMap<u64, Arc<clients::Client>>,
+}
+
+/// What CONFIG SET may change while the server runs.
+struct Runtime {
+    /// `requirepass` (None: no password).
+    password: Option<String>,
+    /// Redis's protected mode.
+    protected_mode: bool,
 }
 
 /// What the acceptor and the workers share.
@@ -183,7 +195,10 @@ pub(crate) struct Shared {
     pub started: Instant,
     pub stats: Stats,
     pub jobs: info::JobLog,
-    clients: Mutex<Clients>,
+    pub(crate) clients: Mutex<Clients>,
+    /// FLUSHALLs so far (WATCH notices one).
+    pub(crate) flushes: AtomicU64,
+    runtime: Mutex<Runtime>,
     clients_cv: Condvar,
     stopping: AtomicBool,
     /// Where workers hand the reads that missed the page cache (None: no
@@ -199,16 +214,46 @@ impl Shared {
 
     /// Registers an accepted connection; None if the server is full or
     /// stopping.
-    fn admit(&self, stream: &TcpStream) -> Option<u64> {
+    fn admit(&self, stream: &TcpStream) -> Option<Arc<clients::Client>> {
         let mut c = self.clients.lock();
         if self.stopping.load(Ordering::SeqCst) || c.open.len() >= self.cfg.max_clients as usize {
             return None;
         }
         let handle = stream.try_clone().ok()?;
         c.next_id += 1;
-        let id = c.next_id;
-        c.open.insert(id, handle);
-        Some(id)
+        let client = Arc::new(clients::Client::new(c.next_id, handle));
+        c.open.insert(client.id, client.clone());
+        Some(client)
+    }
+
+    /// The password (`requirepass`), if one is set.
+    pub(crate) fn password(&self) -> Option<String> {
+        self.runtime.lock().password.clone()
+    }
+
+    pub(crate) fn set_password(&self, password: Option<String>) {
+        self.runtime.lock().password = password;
+    }
+
+    pub(crate) fn protected_mode(&self) -> bool {
+        self.runtime.lock().protected_mode
+    }
+
+    pub(crate) fn set_protected_mode(&self, on: bool) {
+        self.runtime.lock().protected_mode = on;
+    }
+
+    /// Counts a FLUSHALL (before it runs, so a WATCH that saw the old
+    /// count cannot miss it).
+    pub(crate) fn flushed(&self) {
+        self.flushes.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// Redis's protected mode: with it on and no password set, only
+    /// clients on a loopback address are served.
+    fn refuses(&self, peer: Option<SocketAddr>) -> bool {
+        let rt = self.runtime.lock();
+        rt.protected_mode && rt.password.is_none() && !peer.is_some_and(|p| is_loopback(&p))
     }
 
     fn leave(&self, id: u64) {
@@ -245,6 +290,10 @@ impl Server {
                 (Some(q), Some(Arc::new(Mutex::new(jobs))))
             }
         };
+        let runtime = Runtime {
+            password: Some(cfg.requirepass.clone()).filter(|p| !p.is_empty()),
+            protected_mode: cfg.protected_mode,
+        };
         let shared = Arc::new(Shared {
             cfg,
             backend,
@@ -253,6 +302,8 @@ impl Server {
             stats: Stats::default(),
             jobs: info::JobLog::default(),
             clients: Mutex::new(Clients::default()),
+            flushes: AtomicU64::new(0),
+            runtime: Mutex::new(runtime),
             clients_cv: Condvar::new(),
             stopping: AtomicBool::new(false),
             misses,
@@ -332,8 +383,8 @@ impl Server {
         while !c.open.is_empty() && Instant::now() < deadline {
             self.shared.clients_cv.wait_until(&mut c, deadline);
         }
-        for s in c.open.values() {
-            let _ = s.shutdown(Shutdown::Both);
+        for client in c.open.values() {
+            let _ = client.stream.shutdown(Shutdown::Both);
         }
         let left = c.open.len();
         drop(c);
@@ -368,11 +419,37 @@ fn wake_acceptor(addr: SocketAddr) {
     let _ = TcpStream::connect_timeout(&target, Duration::from_secs(1));
 }
 
-/// Tells a client over the limit, and closes its connection without
-/// blocking the acceptor. What it already sent is read and dropped first,
-/// so the close does not reset the connection before the error arrives.
-fn turn_away(stream: &mut TcpStream) {
-    let _ = stream.write_all(b"-ERR max number of clients reached\r\n");
+/// Whether a client's address is the machine's own (IPv4 127/8, ::1, or
+/// an IPv4-mapped 127/8): protected mode serves only these.
+fn is_loopback(peer: &SocketAddr) -> bool {
+    match peer.ip() {
+        std::net::IpAddr::V4(ip) => ip.is_loopback(),
+        std::net::IpAddr::V6(ip) => {
+            ip.is_loopback() || ip.to_ipv4_mapped().is_some_and(|v4| v4.is_loopback())
+        }
+    }
+}
+
+/// Redis's reply to a client protected mode refuses.
+const DENIED: &str = "-DENIED Redis is running in protected mode because protected mode is \
+enabled and no password is set for the default user. In this mode connections are only accepted \
+from the loopback interface. If you want to connect from external computers to Redis you may \
+adopt one of the following solutions: 1) Just disable protected mode sending the command 'CONFIG \
+SET protected-mode no' from the loopback interface by connecting to Redis from the same host the \
+server is running, however MAKE SURE Redis is not publicly accessible from internet if you do so. \
+Use CONFIG REWRITE to make this change permanent. 2) Alternatively you can just disable the \
+protected mode by editing the Redis configuration file, and setting the protected mode option to \
+'no', and then restarting the server. 3) If you started the server manually just for testing, \
+restart it with the '--protected-mode no' option. 4) Set up an authentication password for the \
+default user. NOTE: You only need to do one of the above things in order for the server to start \
+accepting connections from the outside.\r\n";
+
+/// Tells a client it is refused (`msg`, a whole RESP error line), and
+/// closes its connection without blocking the acceptor. What it already
+/// sent is read and dropped first, so the close does not reset the
+/// connection before the error arrives.
+fn turn_away(stream: &mut TcpStream, msg: &str) {
+    let _ = stream.write_all(msg.as_bytes());
     let _ = stream.shutdown(Shutdown::Write);
     if stream.set_nonblocking(true).is_ok() {
         let mut sink = [0u8; 4096];
@@ -395,17 +472,24 @@ fn accept_loop(shared: &Arc<Shared>, listener: &TcpListener, workers: &[Arc<work
             }
         };
         Stats::add(&shared.stats.connections_received, 1);
-        let Some(id) = shared.admit(&stream) else {
+        if shared.refuses(stream.peer_addr().ok()) {
             Stats::add(&shared.stats.rejected_connections, 1);
-            turn_away(&mut stream);
+            turn_away(&mut stream, DENIED);
+            continue;
+        }
+        let Some(client) = shared.admit(&stream) else {
+            Stats::add(&shared.stats.rejected_connections, 1);
+            turn_away(&mut stream, "-ERR max number of clients reached\r\n");
             continue;
         };
+        let id = client.id;
         let _ = stream.set_nodelay(true);
         if let Err(e) = stream.set_nonblocking(true) {
             eprintln!("critio-kv: cannot make a connection non-blocking: {e}");
             shared.leave(id);
             continue;
         }
-        workers[(id as usize) % workers.len()].post(conn::Conn::new(id, stream));
+        let authenticated = shared.password().is_none();
+        workers[(id as usize) % workers.len()].post(conn::Conn::new(client, stream, authenticated));
     }
 }
