@@ -4,7 +4,10 @@
 //! |---------------|-------------------------------------------------------------|
 //! | `server`      | versions, port, uptime                                      |
 //! | `clients`     | connected and maximum clients                               |
+//! | `memory`      | resident memory (`used_memory`, from /proc), the page cache's capacity, no `maxmemory` |
 //! | `stats`       | connections, commands, protocol errors, bytes, keyspace hits |
+//! | `replication` | `role:master`, no replicas                                   |
+//! | `cpu`         | the process's CPU time, system and user (from /proc)         |
 //! | `persistence` | checkpoints (count, mean/max ms), BGSAVE / BGREWRITEAOF in progress and last results |
 //! | `critio`      | scheme, device, block layer per class, cache, log, inheritance, and where critical tasks waited (paper 000 Tables 2-3) |
 //! | `keyspace`    | `db0:keys=N`                                                |
@@ -77,11 +80,14 @@ impl JobLog {
     }
 }
 
-const SECTIONS: [&str; 6] = [
+const SECTIONS: [&str; 9] = [
     "server",
     "clients",
-    "stats",
+    "memory",
     "persistence",
+    "stats",
+    "replication",
+    "cpu",
     "critio",
     "keyspace",
 ];
@@ -106,12 +112,18 @@ pub(crate) fn render(shared: &Shared, args: &[&[u8]]) -> String {
         }
         let mut title = name.to_owned();
         title[..1].make_ascii_uppercase();
+        if name == "cpu" {
+            title.make_ascii_uppercase(); // Redis's spelling
+        }
         let _ = write!(out, "# {title}\r\n");
         match name {
             "server" => server(shared, &mut out),
             "clients" => clients(shared, &mut out),
             "stats" => stats(shared, &mut out),
             "persistence" => persistence(shared, &mut out),
+            "memory" => memory(shared, &mut out),
+            "replication" => replication(&mut out),
+            "cpu" => cpu(&mut out),
             "critio" => critio_section(shared, &mut out),
             _ => {
                 let _ = write!(out, "db0:keys={}\r\n", shared.backend.engine.dbsize());
@@ -137,6 +149,62 @@ fn server(s: &Shared, out: &mut String) {
     kv(out, "tcp_port", s.addr.port());
     kv(out, "uptime_in_seconds", up);
     kv(out, "uptime_in_days", up / 86_400);
+}
+
+/// Fields of /proc/self/stat after the command name: (utime, stime) in
+/// clock ticks, and /proc/self/statm's resident pages. None off Linux.
+fn proc_self() -> Option<((u64, u64), u64)> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // After the name: state is field 3, utime 14, stime 15 (1-based).
+    let (utime, stime) = (f.get(11)?.parse().ok()?, f.get(12)?.parse().ok()?);
+    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
+    let resident: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
+    Some(((utime, stime), resident))
+}
+
+/// Clock ticks per second for /proc's CPU times (USER_HZ: 100 on every
+/// Linux architecture that has a stable ABI).
+const USER_HZ: f64 = 100.0;
+const PAGE_BYTES: u64 = 4096;
+
+fn memory(s: &Shared, out: &mut String) {
+    let rss = proc_self().map_or(0, |(_, pages)| pages * PAGE_BYTES);
+    kv(out, "used_memory", rss);
+    kv(out, "used_memory_human", human(rss));
+    kv(out, "used_memory_rss", rss);
+    kv(out, "maxmemory", 0);
+    kv(out, "maxmemory_policy", "noeviction");
+    kv(
+        out,
+        "critio_page_cache_bytes",
+        s.backend.cache.config().capacity_bytes,
+    );
+}
+
+fn human(bytes: u64) -> String {
+    match bytes {
+        b if b >= 1 << 30 => format!("{:.2}G", b as f64 / f64::from(1u32 << 30)),
+        b if b >= 1 << 20 => format!("{:.2}M", b as f64 / f64::from(1u32 << 20)),
+        b => format!("{:.2}K", b as f64 / 1024.0),
+    }
+}
+
+fn replication(out: &mut String) {
+    kv(out, "role", "master");
+    kv(out, "connected_slaves", 0);
+    kv(out, "master_repl_offset", 0);
+}
+
+fn cpu(out: &mut String) {
+    let ((user, sys), _) = proc_self().unwrap_or(((0, 0), 0));
+    kv(out, "used_cpu_sys", format!("{:.6}", sys as f64 / USER_HZ));
+    kv(
+        out,
+        "used_cpu_user",
+        format!("{:.6}", user as f64 / USER_HZ),
+    );
 }
 
 fn clients(s: &Shared, out: &mut String) {
