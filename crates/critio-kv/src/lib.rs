@@ -1,4 +1,5 @@
-//! critio-kv: a Redis-protocol (RESP2, and RESP3 after `HELLO 3`) key-value server built only on
+//! critio-kv: a Redis-protocol (RESP2, and RESP3 after `HELLO 3`) key-value server, with
+//! transactions (MULTI/EXEC, one log record each), built only on
 //! critio's layers. Its request workers (event loops, one per two cores) are
 //! marked foreground; its checkpoint, snapshot and log-rewrite threads are
 //! not.
