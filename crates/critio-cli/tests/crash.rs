@@ -6,8 +6,10 @@
 //! may be there or not.
 //!
 //! ```text
-//!  round: start ─> W writers (own keys: SET, INCR, HSET, MSET, DEL) + BGSAVE/SAVE/BGREWRITEAOF
-//!         ─> SIGKILL after a seeded delay ─> restart ─> every key == acked (or == pending)
+//!  round: start ─> W writers (own keys: SET, INCR, HSET, MSET, DEL, and MULTI/EXEC
+//!         of several) + BGSAVE/SAVE/BGREWRITEAOF
+//!         ─> SIGKILL after a seeded delay ─> restart ─> every key == acked (or == pending),
+//!            and a write in flight (MSET, a transaction) applied whole or not at all
 //!  last:  SIGTERM (exit 0, final checkpoint) ─> restart ─> every key == acked exactly
 //! ```
 //!
@@ -130,8 +132,32 @@ fn value(rng: &mut SmallRng) -> Vec<u8> {
     (0..len).map(|_| rng.gen_range(b'a'..=b'z')).collect()
 }
 
-/// One writer's next command, with the values it leaves if applied.
-fn next_op(rng: &mut SmallRng, w: u64, model: &Model) -> (redis::Cmd, Vec<(String, Val)>) {
+/// One writer's next request: a command, or 2-4 of them in MULTI/EXEC on
+/// different keys; with the values it leaves if applied.
+fn next_op(rng: &mut SmallRng, w: u64, model: &Model) -> (redis::Pipeline, Vec<(String, Val)>) {
+    let mut pipe = redis::pipe();
+    if !rng.gen_ratio(1, 6) {
+        let (cmd, effects) = next_cmd(rng, w, model);
+        pipe.add_command(cmd);
+        return (pipe, effects);
+    }
+    pipe.atomic();
+    let mut effects: Vec<(String, Val)> = Vec::new();
+    for _ in 0..rng.gen_range(2..5) {
+        let (cmd, e) = next_cmd(rng, w, model);
+        // Each command's effect is computed from the acknowledged state,
+        // so a key is written at most once per transaction.
+        if e.iter().any(|(k, _)| effects.iter().any(|(o, _)| o == k)) {
+            continue;
+        }
+        pipe.add_command(cmd);
+        effects.extend(e);
+    }
+    (pipe, effects)
+}
+
+/// One command, with the values it leaves if applied.
+fn next_cmd(rng: &mut SmallRng, w: u64, model: &Model) -> (redis::Cmd, Vec<(String, Val)>) {
     let key = |rng: &mut SmallRng, kind: &str| {
         format!("w{w}:{kind}{}", rng.gen_range(0..KEYS_PER_WRITER / 3))
     };
@@ -257,10 +283,22 @@ fn read_back(con: &mut Connection, key: &str) -> Val {
 }
 
 /// Checks every key against the model and folds what was found into it.
+/// The writer's request in flight at the kill (its only one: a writer
+/// stops at its first failure) must be applied whole or not at all.
 fn verify(addr: SocketAddr, model: &mut Model, seed: u64, round: usize) {
     let mut con = connect(addr);
+    let (mut applied, mut lost) = (Vec::new(), Vec::new());
     for (key, e) in model.iter_mut() {
         let got = read_back(&mut con, key);
+        if let Some(p) = &e.pending {
+            if *p != e.acked {
+                if got == *p {
+                    applied.push(key.clone());
+                } else {
+                    lost.push(key.clone());
+                }
+            }
+        }
         let ok = got == e.acked || e.pending.as_ref() == Some(&got);
         assert!(
             ok,
@@ -272,6 +310,10 @@ fn verify(addr: SocketAddr, model: &mut Model, seed: u64, round: usize) {
         e.acked = got;
         e.pending = None;
     }
+    assert!(
+        applied.is_empty() || lost.is_empty(),
+        "seed {seed} round {round}: a request in flight was half applied: {applied:?} written, {lost:?} not"
+    );
 }
 
 fn show(v: &Val) -> String {
