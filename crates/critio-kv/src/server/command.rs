@@ -9,8 +9,9 @@
 //!  -ERR wrong number of arguments for 'get' command
 //! ```
 
+use std::collections::HashMap;
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use super::clients::Client;
 use super::reply::{Protocol, Reply};
@@ -240,12 +241,34 @@ pub(crate) fn find(name: &[u8]) -> Option<&'static Spec> {
     lookup(name).map(|i| &COMMANDS[i])
 }
 
-/// The index in [`COMMANDS`] of the command named `name` (any case).
+/// The index in [`COMMANDS`] of the command named `name` (any case): one
+/// hash lookup of the name lower-cased on the stack.
 fn lookup(name: &[u8]) -> Option<usize> {
-    COMMANDS
-        .iter()
-        .position(|s| s.name.as_bytes().eq_ignore_ascii_case(name))
+    static BY_NAME: OnceLock<HashMap<&'static [u8], usize>> = OnceLock::new();
+    let by_name = BY_NAME.get_or_init(|| {
+        COMMANDS
+            .iter()
+            .enumerate()
+            .map(|(i, s)| (s.name.as_bytes(), i))
+            .collect()
+    });
+    let mut lower = [0u8; NAME_BYTES_MAX];
+    let lower = lower.get_mut(..name.len())?;
+    for (l, c) in lower.iter_mut().zip(name) {
+        *l = c.to_ascii_lowercase();
+    }
+    by_name.get(&*lower).copied()
 }
+
+/// Longer than any command's name.
+const NAME_BYTES_MAX: usize = 32;
+const _: () = {
+    let mut i = 0;
+    while i < COMMANDS.len() {
+        assert!(COMMANDS[i].name.len() <= NAME_BYTES_MAX);
+        i += 1;
+    }
+};
 
 fn arity_ok(arity: i32, words: usize) -> bool {
     let n = arity.unsigned_abs() as usize;
