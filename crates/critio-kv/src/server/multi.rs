@@ -12,10 +12,12 @@
 //!
 //! A command that fails at EXEC (WRONGTYPE, not an integer) fails alone and
 //! writes nothing, the others still run, as in Redis. Key-value commands
-//! and server commands that touch no key (PING, ECHO, TIME, DBSIZE, INFO,
-//! COMMAND) may be queued; the rest (SCAN, KEYS, FLUSHALL, CONFIG, CLIENT,
-//! BGSAVE, ...) are refused inside MULTI with Redis's "Command not allowed
-//! inside a transaction".
+//! and server commands that touch no key and take no engine lock (PING,
+//! ECHO, TIME, DBSIZE, COMMAND) may be queued; the rest (SCAN, KEYS,
+//! FLUSHALL, INFO, CONFIG, CLIENT, BGSAVE, ...) are refused inside MULTI
+//! with Redis's "Command not allowed inside a transaction" (Redis allows
+//! most of them: here they would run while the transaction holds its
+//! stripe locks).
 //!
 //! WATCH remembers each key's version (where its record is in the value
 //! log); EXEC compares them under the transaction's locks. A write to the
