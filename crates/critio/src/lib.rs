@@ -8,6 +8,7 @@
 //! the path, while background work keeps progressing.
 //!
 //! ```text
+//!  class     the two classes, critical and non-critical (a leaf every layer names)
 //!  context   who is critical now: foreground + inherited; what each task waits on
 //!  sync      Mutex / RwLock / Condvar / Event that pass criticality on
 //!  metrics   wait points and inheritance counters
@@ -21,6 +22,7 @@
 
 pub mod block;
 pub mod cache;
+pub mod class;
 pub mod config;
 pub mod context;
 pub mod device;
@@ -31,5 +33,6 @@ mod shim;
 pub mod sync;
 pub mod time;
 
+pub use class::Class;
 pub use config::{Config, ConfigError};
-pub use context::{current_class, Class};
+pub use context::current_class;

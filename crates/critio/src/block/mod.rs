@@ -45,8 +45,8 @@ pub use request::IoHandle;
 pub use sched::{Completed, Location, Promotion, ReqInfo, SchedConfig, SchedCounters, Scheduler};
 pub use stats::{BlockStats, ClassStats};
 
+use crate::class::Class;
 use crate::config::ConfigError;
-use crate::context::Class;
 use crate::time::{Nanos, MS, US};
 
 /// A request's id, unique within one block layer.

@@ -38,7 +38,7 @@ use serde::Serialize;
 use super::cap::{CapState, NoncriticalCap};
 use super::ncio::NcioIndex;
 use super::ReqId;
-use crate::context::Class;
+use crate::class::Class;
 use crate::device::Op;
 use crate::time::Nanos;
 

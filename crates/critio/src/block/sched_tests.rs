@@ -4,7 +4,7 @@
 use super::cap::NoncriticalCap;
 use super::sched::{Location, Promotion, ReqInfo, SchedConfig, Scheduler};
 use super::ReqId;
-use crate::context::Class::{self, Critical as C, NonCritical as N};
+use crate::class::Class::{self, Critical as C, NonCritical as N};
 use crate::device::Op;
 use crate::time::{Nanos, MS, US};
 

@@ -10,7 +10,7 @@
 use serde::Serialize;
 
 use super::sched::{Completed, SchedCounters};
-use crate::context::Class;
+use crate::class::Class;
 use crate::metrics::{LatencyHistogram, LatencySummary};
 use crate::time::Nanos;
 

@@ -26,7 +26,7 @@ use std::sync::Arc;
 use super::list::{ListId, Lists};
 use super::pending::PendingIo;
 use super::FileId;
-use crate::context::Class;
+use crate::class::Class;
 use crate::time::Nanos;
 
 /// A page of a file.

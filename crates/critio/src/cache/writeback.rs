@@ -23,7 +23,8 @@ use super::core::PageKey;
 use super::pending::PendingIo;
 use super::{CacheError, Core, Inner, WRITEBACK_POINT};
 use crate::block::{BlockError, IoHandle};
-use crate::context::{self, Class};
+use crate::class::Class;
+use crate::context;
 use crate::device::{AlignedBuf, Op};
 use crate::time::MS;
 

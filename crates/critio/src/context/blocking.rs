@@ -19,8 +19,9 @@ use std::time::Instant;
 
 use serde::Serialize;
 
-use super::task::{Class, TaskRef};
+use super::task::TaskRef;
 use super::{current, inherit};
+use crate::class::Class;
 use crate::metrics;
 
 /// What a blocked task waits for.

@@ -46,8 +46,9 @@ pub use mirror::{
 /// background changes nothing the models check.
 #[cfg(loom)]
 pub fn set_background() {}
+pub use crate::class::Class;
 pub use registry::{lookup, registered_count};
-pub use task::{Class, Task, TaskId, TaskRef};
+pub use task::{Task, TaskId, TaskRef};
 
 /// The current thread's task, registering the thread on first use.
 pub fn current() -> TaskRef {

@@ -15,54 +15,15 @@
 use std::fmt;
 use std::sync::Arc;
 
-use serde::Serialize;
-
 use super::blocking::{Blocking, BlockingStatus};
 use super::inherit::InheritKind;
+use crate::class::Class;
 use crate::metrics;
 use crate::shim::{thread, AtomicU64, Ordering, SideMutex};
 
 /// A task's stable identity, unique for the life of the process (never
 /// reused). `0` is never a valid id.
 pub type TaskId = u64;
-
-/// The two I/O classes of request-centric prioritization (paper 000,
-/// Section 3): two are enough.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Class {
-    /// On the critical path of a request: served first at every layer.
-    Critical,
-    /// Everything else: served when no critical work waits, never starved.
-    NonCritical,
-}
-
-impl Class {
-    /// Both classes, critical first (the order every table prints them in).
-    pub const ALL: [Class; 2] = [Class::Critical, Class::NonCritical];
-
-    /// A short stable name, used in tables and JSON.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Class::Critical => "critical",
-            Class::NonCritical => "non-critical",
-        }
-    }
-
-    /// `0` for critical, `1` for non-critical: an index for per-class arrays.
-    pub fn index(self) -> usize {
-        match self {
-            Class::Critical => 0,
-            Class::NonCritical => 1,
-        }
-    }
-}
-
-impl fmt::Display for Class {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
 
 const INHERIT_ONE: u64 = 1;
 const INHERIT_MASK: u64 = 0xFFFF_FFFF;

@@ -41,7 +41,7 @@ use super::{
     submit_and_wait, validate, AlignedBuf, Command, Completer, Completion, Device, DeviceError,
     DeviceInfo, Op,
 };
-use crate::context::Class;
+use crate::class::Class;
 
 /// Which faults to inject. Every fault is off by default.
 #[derive(Clone, Debug, PartialEq)]

@@ -36,7 +36,7 @@ use std::sync::mpsc;
 pub use buf::{AlignedBuf, BUF_ALIGN};
 pub use spec::{DeviceSpec, OpenOptions};
 
-use crate::context::Class;
+use crate::class::Class;
 
 /// What a command does.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]

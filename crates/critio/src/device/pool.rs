@@ -40,7 +40,7 @@ use parking_lot::{Condvar, Mutex};
 
 use super::uring::{set_thread_ioprio_or_fallback, ClassPriorities, FileSpec, IoPriority};
 use super::{validate, Command, Completer, Completion, Device, DeviceError, DeviceInfo, Op};
-use crate::context::Class;
+use crate::class::Class;
 
 /// Default workers per class.
 pub const WORKERS_DEFAULT: usize = 2;

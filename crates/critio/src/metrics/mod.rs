@@ -37,7 +37,8 @@ use serde::Serialize;
 pub use latency::{LatencyHistogram, LatencySummary, LATENCY_MAX};
 use waits::WaitTables;
 
-use crate::context::{Class, InheritKind};
+use crate::class::Class;
+use crate::context::InheritKind;
 
 /// The process-wide metrics registry.
 pub fn global() -> &'static Metrics {

@@ -30,7 +30,7 @@ use std::time::Duration;
 use parking_lot::Mutex;
 
 use super::LatencyHistogram;
-use crate::context::Class;
+use crate::class::Class;
 
 /// Fewest and most shards a table set has.
 const SHARDS_MIN: usize = 4;

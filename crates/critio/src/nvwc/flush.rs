@@ -20,7 +20,7 @@ use std::sync::Arc;
 use super::error::dup;
 use super::stats::add;
 use super::Shared;
-use crate::context::Class;
+use crate::class::Class;
 use crate::device::{Command, Completer, Completion, DeviceError};
 
 /// Called with a flush's outcome.

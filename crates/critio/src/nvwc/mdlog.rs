@@ -27,7 +27,7 @@ use super::error::{dup, NvwcError};
 use super::record::{encode_records, Header, Record, RECORD_BYTES};
 use super::stats::add;
 use super::Shared;
-use crate::context::Class;
+use crate::class::Class;
 use crate::device::{Command, DeviceError, Op};
 
 /// Called when an entry's records are written (or not).

@@ -19,7 +19,7 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
-use crate::context::Class;
+use crate::class::Class;
 use crate::device::{Command, Op};
 
 /// Which writes the cache admits.

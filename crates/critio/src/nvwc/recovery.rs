@@ -28,7 +28,7 @@ use super::error::NvwcError;
 use super::io::submit_all;
 use super::layout::Layout;
 use super::record::{data_crc, decode_records, encode_records, Header, Record};
-use crate::context::Class;
+use crate::class::Class;
 use crate::device::{submit_and_wait, AlignedBuf, Command, Device};
 
 /// What opening found on the cache device.

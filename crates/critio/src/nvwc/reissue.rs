@@ -23,7 +23,7 @@ use super::record::{data_crc, Record};
 use super::stats::add;
 use super::write::{map_record, WriteOp, WritePayload};
 use super::Shared;
-use crate::context::Class;
+use crate::class::Class;
 use crate::device::{AlignedBuf, Command, DeviceError};
 
 /// What [`WriteCache::reissue`](super::WriteCache::reissue) did.

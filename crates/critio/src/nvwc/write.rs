@@ -26,7 +26,7 @@ use super::layout::Layout;
 use super::record::{data_crc, Record};
 use super::stats::add;
 use super::{Shared, Stalled, STALL_POINT};
-use crate::context::Class;
+use crate::class::Class;
 use crate::device::{AlignedBuf, Command, Completer, Completion, DeviceError};
 use crate::metrics;
 

@@ -27,7 +27,7 @@ use super::io::submit_all;
 use super::record::{data_crc, Record};
 use super::stats::add;
 use super::{Shared, State};
-use crate::context::Class;
+use crate::class::Class;
 use crate::device::{submit_and_wait, AlignedBuf, Command, DeviceError, Op};
 
 /// The largest backing write of a round.

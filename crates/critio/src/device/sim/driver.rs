@@ -34,7 +34,7 @@ use super::hdd::HddModel;
 use super::model::{Completed, DriveModel, Request};
 use super::ssd::SsdModel;
 use super::store::Store;
-use crate::context::Class;
+use crate::class::Class;
 use crate::device::crash::{CrashLog, CutReport};
 use crate::device::{
     validate, Command, Completer, Completion, Device, DeviceError, DeviceInfo, Op,

@@ -28,7 +28,7 @@ use std::io;
 use serde::{Deserialize, Serialize};
 
 use super::sys;
-use crate::context::Class;
+use crate::class::Class;
 
 /// A kernel I/O priority: a class and, for RT and BE, a level (0 = highest,
 /// 7 = lowest).

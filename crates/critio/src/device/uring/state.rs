@@ -25,7 +25,7 @@ use io_uring::{opcode, squeue, types, IoUring};
 
 use super::prio::{ClassPriorities, IoPriority};
 use super::table::{Slot, Table};
-use crate::context::Class;
+use crate::class::Class;
 use crate::device::{Command, Completer, Completion, DeviceError, DeviceInfo, Op};
 
 /// SQEs one command may take (short transfers and retries) before it fails.

@@ -17,7 +17,7 @@
 //!   free list <──remove──────┘  final CQE: buffer + completer handed back
 //! ```
 
-use crate::context::Class;
+use crate::class::Class;
 use crate::device::{AlignedBuf, Completer, Op};
 
 /// One command the kernel may be working on.
