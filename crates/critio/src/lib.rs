@@ -12,6 +12,7 @@
 //!  context   who is critical now: foreground + inherited; what each task waits on
 //!  sync      Mutex / RwLock / Condvar / Event that pass criticality on
 //!  metrics   wait points and inheritance counters
+//!  sys       the ioprio system calls and priority types (context and device use them)
 //! ```
 //!
 //! Lower layers (cache, log, write cache, block, device) arrive with later
@@ -31,6 +32,7 @@ pub mod metrics;
 pub mod nvwc;
 mod shim;
 pub mod sync;
+pub mod sys;
 pub mod time;
 
 pub use class::Class;

@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::RwLock;
 
 use super::task::Task;
-use crate::device::uring::{set_thread_ioprio_or_fallback, ClassPriorities};
+use crate::sys::{set_thread_ioprio_or_fallback, ClassPriorities};
 
 static ON: AtomicBool = AtomicBool::new(false);
 static PRIORITIES: RwLock<Option<ClassPriorities>> = RwLock::new(None);
@@ -190,7 +190,7 @@ mod tests {
         assert_eq!(after, 10, "revoked: background again");
     }
     use crate::context;
-    use crate::device::uring::{thread_ioprio, IoPriority};
+    use crate::sys::{thread_ioprio, IoPriority};
 
     #[test]
     fn a_threads_kernel_priority_follows_its_class() {

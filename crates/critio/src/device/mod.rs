@@ -27,7 +27,7 @@ pub mod mem;
 pub mod pool;
 pub mod sim;
 pub mod spec;
-#[allow(unsafe_code)] // the kernel interface: the only module with `unsafe`
+#[allow(unsafe_code)] // io_uring: SQEs whose buffers the kernel reads and writes
 pub mod uring;
 
 use std::fmt;

@@ -2,7 +2,7 @@
 //! everywhere (tmpfs, filesystems without O_DIRECT, kernels without
 //! io_uring), with the class handed to the kernel per thread instead of per
 //! request: each worker sets its own I/O priority with `ioprio_set`
-//! ([`set_thread_ioprio`](super::uring::set_thread_ioprio)), so everything
+//! ([`set_thread_ioprio`](crate::sys::set_thread_ioprio)), so everything
 //! it reads, writes and syncs goes to the block layer at its class's
 //! priority.
 //!
@@ -38,9 +38,10 @@ use std::thread::{self, JoinHandle};
 
 use parking_lot::{Condvar, Mutex};
 
-use super::uring::{set_thread_ioprio_or_fallback, ClassPriorities, FileSpec, IoPriority};
+use super::uring::FileSpec;
 use super::{validate, Command, Completer, Completion, Device, DeviceError, DeviceInfo, Op};
 use crate::class::Class;
+use crate::sys::{set_thread_ioprio_or_fallback, ClassPriorities, IoPriority};
 
 /// Default workers per class.
 pub const WORKERS_DEFAULT: usize = 2;
@@ -224,7 +225,7 @@ impl PoolDevice {
     }
 
     /// Each worker's class and Linux thread id (to check its priority with
-    /// [`thread_ioprio`](super::uring::thread_ioprio), or find it in
+    /// [`thread_ioprio`](crate::sys::thread_ioprio), or find it in
     /// `/proc`).
     pub fn worker_tids(&self) -> Vec<(Class, i32)> {
         self.workers.iter().map(|w| (w.class, w.tid)).collect()

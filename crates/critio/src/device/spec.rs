@@ -17,8 +17,9 @@ use std::sync::Arc;
 use super::mem::MemDevice;
 use super::pool::{PoolDevice, PoolOptions};
 use super::sim::{Profile, SimConfig, SimDevice};
-use super::uring::{ClassPriorities, UringDevice, UringOptions};
+use super::uring::{UringDevice, UringOptions};
 use super::{Device, DeviceError};
+use crate::sys::ClassPriorities;
 
 /// A device, by name.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -1,11 +1,12 @@
 //! `uring`: the real device. io_uring with O_DIRECT, each request carrying
 //! its class to the kernel's block layer and the drive in the SQE's
-//! `ioprio`; and the kernel I/O-priority interface the `pool` backend and
-//! the context layer use ([`IoPriority`], [`set_thread_ioprio`]).
+//! `ioprio` (an [`IoPriority`] from [`crate::sys`], which also holds the
+//! per-thread `ioprio_set` the `pool` backend and the context layer use;
+//! its items are re-exported here, where they used to live).
 //!
-//! This module is the kernel interface, the only place in critio with
-//! `unsafe`: the two `ioprio` system calls (`sys.rs`) and pushing SQEs whose
-//! buffers the kernel reads and writes (`state.rs`).
+//! One of the two places in critio with `unsafe` (the other is the
+//! `ioprio` system calls in [`crate::sys`]): pushing SQEs whose buffers the
+//! kernel reads and writes (`state.rs`).
 //!
 //! ```text
 //!  submitting threads (any number)                  reaper thread (one)
@@ -24,8 +25,6 @@
 //!
 //! | module    | what                                                       |
 //! |-----------|------------------------------------------------------------|
-//! | `sys`     | raw `ioprio_set`/`ioprio_get`                              |
-//! | `prio`    | [`IoPriority`], [`ClassPriorities`], the thread functions  |
 //! | `file`    | opening and probing the file (shared with `pool`)          |
 //! | `ring`    | setting up the ring, with errors that say what to do       |
 //! | `table`   | in-flight commands by `user_data`, owning their buffers    |
@@ -46,11 +45,9 @@
 //! a larger logical block size gets that instead).
 
 mod file;
-mod prio;
 mod reaper;
 mod ring;
 mod state;
-mod sys;
 mod table;
 
 use std::path::Path;
@@ -60,12 +57,14 @@ use std::thread::{self, JoinHandle};
 use parking_lot::Mutex;
 use rustix::event::{eventfd, EventfdFlags};
 
-pub(crate) use file::FileSpec;
-pub use file::{BUFFERED_BLOCK_SIZE, DIRECT_BLOCK_SIZE};
-pub use prio::{
+/// The kernel I/O priority interface, which lives in [`crate::sys`] (the
+/// context layer uses it too); re-exported here, where it used to live.
+pub use crate::sys::{
     set_thread_ioprio, set_thread_ioprio_or_fallback, thread_ioprio, ClassPriorities, InvalidLevel,
     IoPriority,
 };
+pub(crate) use file::FileSpec;
+pub use file::{BUFFERED_BLOCK_SIZE, DIRECT_BLOCK_SIZE};
 
 use self::reaper::Shared;
 use self::state::State;

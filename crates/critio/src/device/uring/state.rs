@@ -23,10 +23,10 @@ use std::os::fd::AsRawFd;
 
 use io_uring::{opcode, squeue, types, IoUring};
 
-use super::prio::{ClassPriorities, IoPriority};
 use super::table::{Slot, Table};
 use crate::class::Class;
 use crate::device::{Command, Completer, Completion, DeviceError, DeviceInfo, Op};
+use crate::sys::{ClassPriorities, IoPriority};
 
 /// SQEs one command may take (short transfers and retries) before it fails.
 pub(super) const ATTEMPTS_MAX: u32 = 16;

@@ -27,7 +27,7 @@ use std::io;
 
 use serde::{Deserialize, Serialize};
 
-use super::sys;
+use super::raw as sys;
 use crate::class::Class;
 
 /// A kernel I/O priority: a class and, for RT and BE, a level (0 = highest,
@@ -181,7 +181,7 @@ impl ClassPriorities {
 }
 
 /// Sets the kernel I/O priority of thread `tid` (a Linux thread id, as
-/// [`crate::context::TaskRef::os_tid`] gives; 0 = the calling thread). It
+/// `critio::context::Task::os_tid` gives; 0 = the calling thread). It
 /// applies to every I/O the thread issues without a per-request priority,
 /// including buffered writeback the kernel attributes to it.
 ///

@@ -15,7 +15,7 @@
 //! The same value goes into an io_uring SQE's `ioprio` field for one
 //! request, or into a thread's I/O context with `ioprio_set`, where it
 //! applies to every I/O the thread issues without a per-request value.
-//! The safe, typed interface is [`super::prio`].
+//! The safe, typed interface is `super::prio` ([`crate::sys`]).
 
 use std::io;
 

@@ -1,0 +1,39 @@
+//! The kernel's per-thread and per-request I/O priority: the `ioprio_set(2)`
+//! and `ioprio_get(2)` system calls, and the typed priorities critio hands
+//! the kernel for each class.
+//!
+//! Two layers hand a class to the kernel as an I/O priority: `device`
+//! (the `uring` backend in each request's SQE, the `pool` backend's
+//! per-class workers with `ioprio_set`) and `context` (the optional kernel
+//! mirror, which sets each thread's priority to its class's as it flips).
+//! Neither owns the other, so the system calls and the priority types live
+//! here, below both, and depend only on [`crate::class`]: `context` no
+//! longer reaches into a device backend to mirror a class, and a backend
+//! does not reach into `context`.
+//!
+//! ```text
+//!   context (kernel mirror) ──┐
+//!   device::uring (SQE ioprio)├──> sys::{IoPriority, ClassPriorities, set_thread_ioprio*}
+//!   device::pool (workers) ───┘            │
+//!                                          v
+//!                               raw: ioprio_set / ioprio_get (unsafe, libc::syscall)
+//! ```
+//!
+//! | module | what                                                          |
+//! |--------|---------------------------------------------------------------|
+//! | `raw`  | the two system calls and the kernel's 16-bit priority layout  |
+//! | `prio` | [`IoPriority`], [`ClassPriorities`], the thread functions     |
+//!
+//! `raw` is one of the two places in critio with `unsafe` (the other is
+//! `device::uring`, which hands the kernel buffers in SQEs); each `unsafe`
+//! block says why it is sound. The same items are re-exported from
+//! `critio::device::uring`, where they used to live.
+
+mod prio;
+#[allow(unsafe_code)] // the ioprio system calls: `libc::syscall`
+mod raw;
+
+pub use prio::{
+    set_thread_ioprio, set_thread_ioprio_or_fallback, thread_ioprio, ClassPriorities, InvalidLevel,
+    IoPriority,
+};
