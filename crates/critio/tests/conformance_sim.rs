@@ -21,7 +21,7 @@ use critio::device::crash::CutReport;
 use critio::device::faulty::{FaultConfig, FaultyDevice};
 use critio::device::mem::MemDevice;
 use critio::device::sim::{SimConfig, SimDevice};
-use critio::device::{submit_and_wait, AlignedBuf, Command, Device, DeviceError};
+use critio::device::{submit_and_wait, AlignedBuf, Command, Device, DeviceError, DeviceOpenError};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
@@ -102,12 +102,23 @@ fn bad_configs_are_clear_errors() {
     let e = SimDevice::hdd(1000, 0)
         .err()
         .expect("capacity 1000 is invalid");
-    assert!(matches!(e, DeviceError::Open { .. }), "{e}");
+    assert!(
+        matches!(
+            e,
+            DeviceOpenError::InvalidOption {
+                field: "capacity",
+                ..
+            }
+        ),
+        "{e}"
+    );
     assert!(e.to_string().contains("multiple of 512"), "{e}");
     let e = SimDevice::new(SimConfig::ssd(MIB, 0).with_file("/nonexistent-dir/x.img"))
         .err()
         .expect("a file in a missing directory");
+    assert!(matches!(e, DeviceOpenError::NotFound { .. }), "{e}");
     assert!(e.to_string().contains("backing file"), "{e}");
+    assert!(e.to_string().contains("/nonexistent-dir/x.img"), "{e}");
     let mem: Arc<dyn Device> = Arc::new(MemDevice::new(MIB));
     let bad = FaultConfig {
         read_error_rate: 1.5,

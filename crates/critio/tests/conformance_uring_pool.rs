@@ -18,7 +18,7 @@ use critio::device::pool::{PoolDevice, PoolOptions};
 use critio::device::uring::{
     thread_ioprio, ClassPriorities, IoPriority, UringDevice, UringOptions,
 };
-use critio::device::{submit_and_wait, AlignedBuf, Command, Device, DeviceError};
+use critio::device::{submit_and_wait, AlignedBuf, Command, Device, DeviceOpenError};
 use rustix::thread::{capabilities, set_capabilities, CapabilitySet};
 
 const SIZE: u64 = 4 << 20;
@@ -54,10 +54,8 @@ fn uring_or_skip(path: &TempPath, options: UringOptions) -> Option<UringDevice> 
     };
     match UringDevice::open(&path.0, options) {
         Ok(dev) => Some(dev),
-        Err(DeviceError::Open { cause, .. })
-            if cause.contains("io_uring") || cause.contains("O_DIRECT") =>
-        {
-            eprintln!("skipped: {cause}");
+        Err(e @ DeviceOpenError::Unsupported { .. }) => {
+            eprintln!("skipped: {e}");
             None
         }
         Err(e) => panic!("{e}"),
@@ -277,7 +275,12 @@ fn a_missing_file_is_a_clear_error() {
         PoolDevice::open(&path.0, PoolOptions::default()).err(),
     ];
     for e in errors {
-        let e = e.expect("opening a missing file fails").to_string();
+        let e = e.expect("opening a missing file fails");
+        assert!(
+            matches!(&e, DeviceOpenError::NotFound { path: p, .. } if *p == path.0),
+            "{e:?}"
+        );
+        let e = e.to_string();
         assert!(e.contains(&shown), "{e}");
         assert!(e.contains("no such file"), "{e}");
         assert!(e.contains("pass a size"), "{e}");
@@ -303,6 +306,7 @@ fn o_direct_on_tmpfs_is_a_clear_error() {
              the error text is unit-tested in device::uring::file"
         ),
         Err(e) => {
+            assert!(matches!(e, DeviceOpenError::Unsupported { .. }), "{e:?}");
             let e = e.to_string();
             assert!(e.contains("does not support O_DIRECT"), "{e}");
             assert!(e.contains("pool backend"), "{e}");
@@ -318,10 +322,18 @@ fn bad_options_are_clear_errors() {
         create_size: Some(SIZE),
         ..UringOptions::default()
     };
-    let e = UringDevice::open(&path.0, options)
-        .err()
-        .unwrap()
-        .to_string();
+    let e = UringDevice::open(&path.0, options).err().unwrap();
+    assert!(
+        matches!(
+            e,
+            DeviceOpenError::InvalidOption {
+                field: "entries",
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    let e = e.to_string();
     assert!(e.contains("power of two"), "{e}");
     let options = PoolOptions {
         non_critical_workers: 0,
@@ -331,19 +343,35 @@ fn bad_options_are_clear_errors() {
         },
         ..PoolOptions::default()
     };
-    let e = PoolDevice::open(&path.0, options)
-        .err()
-        .unwrap()
-        .to_string();
+    let e = PoolDevice::open(&path.0, options).err().unwrap();
+    assert!(
+        matches!(
+            e,
+            DeviceOpenError::InvalidOption {
+                field: "non_critical_workers",
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    let e = e.to_string();
     assert!(e.contains("0 non-critical workers"), "{e}");
     let options = PoolOptions {
         create_size: Some(1000),
         ..PoolOptions::default()
     };
-    let e = PoolDevice::open(&path.0, options)
-        .err()
-        .unwrap()
-        .to_string();
+    let e = PoolDevice::open(&path.0, options).err().unwrap();
+    assert!(
+        matches!(
+            e,
+            DeviceOpenError::InvalidOption {
+                field: "create_size",
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    let e = e.to_string();
     assert!(e.contains("multiple of the block size 512"), "{e}");
 }
 

@@ -19,11 +19,17 @@
 //! must be multiples of the device's block size ([`validate`] says which rule
 //! a command broke). Every backend passes the same conformance suite
 //! (`tests/device_conformance.rs`).
+//!
+//! Opening a device by path or [`DeviceSpec`] fails with a typed
+//! [`DeviceOpenError`] (io_uring or O_DIRECT unsupported, no such file, a
+//! bad option, another I/O error, no thread); a command on an open device
+//! fails with a [`DeviceError`].
 
 mod buf;
 pub mod crash;
 pub mod faulty;
 pub mod mem;
+mod open_error;
 pub mod pool;
 pub mod sim;
 pub mod spec;
@@ -34,6 +40,7 @@ use std::fmt;
 use std::sync::mpsc;
 
 pub use buf::{AlignedBuf, BUF_ALIGN};
+pub use open_error::DeviceOpenError;
 pub use spec::{DeviceSpec, OpenOptions};
 
 use crate::class::Class;
@@ -247,7 +254,10 @@ pub enum DeviceError {
         /// The device's name.
         device: String,
     },
-    /// The device could not be opened; `cause` says why and what to do.
+    /// A device could not be opened or set up; `cause` says why and what
+    /// to do. Devices that wrap others (`faulty`, the write cache) fail
+    /// with this; the devices opened by path or [`DeviceSpec`] fail with a
+    /// typed [`DeviceOpenError`] instead.
     #[error("cannot open device {device}: {cause}")]
     Open {
         /// What was being opened.

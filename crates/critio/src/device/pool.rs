@@ -39,7 +39,9 @@ use std::thread::{self, JoinHandle};
 use parking_lot::{Condvar, Mutex};
 
 use super::uring::FileSpec;
-use super::{validate, Command, Completer, Completion, Device, DeviceError, DeviceInfo, Op};
+use super::{
+    validate, Command, Completer, Completion, Device, DeviceError, DeviceInfo, DeviceOpenError, Op,
+};
 use crate::class::Class;
 use crate::sys::{set_thread_ioprio_or_fallback, ClassPriorities, IoPriority};
 
@@ -97,17 +99,28 @@ impl PoolOptions {
         }
     }
 
-    fn check(&self) -> Result<(), String> {
+    fn check(&self, device: &str) -> Result<(), DeviceOpenError> {
+        let invalid = |field, why| DeviceOpenError::InvalidOption {
+            device: device.to_owned(),
+            field,
+            why,
+        };
         for class in Class::ALL {
             let n = self.workers(class);
             if !(1..=WORKERS_MAX).contains(&n) {
-                return Err(format!(
-                    "{n} {} workers: give 1 to {WORKERS_MAX}",
-                    class.as_str()
+                let field = match class {
+                    Class::Critical => "critical_workers",
+                    Class::NonCritical => "non_critical_workers",
+                };
+                return Err(invalid(
+                    field,
+                    format!("{n} {} workers: give 1 to {WORKERS_MAX}", class.as_str()),
                 ));
             }
         }
-        self.priorities.check().map_err(|e| e.to_string())?;
+        self.priorities
+            .check()
+            .map_err(|e| invalid("priorities", e.to_string()))?;
         Ok(())
     }
 }
@@ -140,24 +153,23 @@ struct Queues {
     closing: bool,
 }
 
-/// A started worker's report: its thread id and the priority it set.
-type Started = Result<(i32, Option<IoPriority>), String>;
+/// A started worker's report: its thread id and the priority it set, or
+/// the kernel's refusal of that priority.
+type Started = Result<(i32, Option<IoPriority>), DeviceOpenError>;
 
 impl PoolDevice {
     /// Opens `path` read-write (with O_DIRECT if `options.direct`) and
     /// starts the workers, each with its class's kernel I/O priority.
     ///
-    /// Errors ([`DeviceError::Open`]) say why and what to do: no such file,
-    /// no O_DIRECT on the filesystem, a bad option, a priority the kernel
-    /// refused for another reason than RT privilege.
-    pub fn open(path: impl AsRef<Path>, options: PoolOptions) -> Result<Self, DeviceError> {
+    /// Errors say why and what to do: no such file
+    /// ([`DeviceOpenError::NotFound`]), no O_DIRECT on the filesystem or a
+    /// priority the kernel refused for another reason than RT privilege
+    /// (`Unsupported`), a bad option (`InvalidOption`), another error
+    /// opening the file (`Io`), no thread (`Resource`).
+    pub fn open(path: impl AsRef<Path>, options: PoolOptions) -> Result<Self, DeviceOpenError> {
         let path = path.as_ref();
         let device = format!("pool:{}", path.display());
-        let fail = |cause: String| DeviceError::Open {
-            device: device.clone(),
-            cause,
-        };
-        options.check().map_err(fail)?;
+        options.check(&device)?;
         let opened = FileSpec {
             path,
             device: &device,
@@ -187,13 +199,13 @@ impl PoolDevice {
             workers: Vec::with_capacity(workers),
             priorities: options.set_worker_ioprio.then_some(options.priorities),
         };
-        dev.start_workers(&options).map_err(fail)?;
+        dev.start_workers(&options)?;
         Ok(dev)
     }
 
     /// Starts every worker and waits until each has set its priority.
     /// On an error, the workers already started stop when `self` drops.
-    fn start_workers(&mut self, options: &PoolOptions) -> Result<(), String> {
+    fn start_workers(&mut self, options: &PoolOptions) -> Result<(), DeviceOpenError> {
         let (tx, rx) = mpsc::channel::<Started>();
         for class in Class::ALL {
             let priority = self.priorities.map(|p| p.of(class));
@@ -202,7 +214,11 @@ impl PoolDevice {
                 let handle = thread::Builder::new()
                     .name(format!("critio-pool-{}-{index}", class.as_str()))
                     .spawn(move || worker(&shared, class, priority, &tx))
-                    .map_err(|e| format!("cannot start a worker thread: {e}"))?;
+                    .map_err(|source| DeviceOpenError::Resource {
+                        device: self.shared.info.name.clone(),
+                        what: "cannot start a worker thread",
+                        source,
+                    })?;
                 let started = rx.recv().expect("a starting worker always reports");
                 let (tid, set) = started?;
                 self.workers.push(Worker { class, tid, handle });
@@ -243,12 +259,14 @@ fn worker(
     let set = priority
         .map(|p| set_thread_ioprio_or_fallback(0, p))
         .transpose()
-        .map_err(|e| {
-            format!(
+        .map_err(|e| DeviceOpenError::Unsupported {
+            device: shared.info.name.clone(),
+            what: format!(
                 "a {} worker cannot set its I/O priority to {priority:?}: {e}; \
                  choose another priority or set set_worker_ioprio = false",
                 class.as_str()
-            )
+            ),
+            source: Some(e),
         });
     let ok = set.is_ok();
     // `open` waits for this report before starting the next worker.

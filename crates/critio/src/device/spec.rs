@@ -18,7 +18,7 @@ use super::mem::MemDevice;
 use super::pool::{PoolDevice, PoolOptions};
 use super::sim::{Profile, SimConfig, SimDevice};
 use super::uring::{UringDevice, UringOptions};
-use super::{Device, DeviceError};
+use super::{Device, DeviceOpenError};
 use crate::sys::ClassPriorities;
 
 /// A device, by name.
@@ -123,8 +123,10 @@ impl fmt::Display for DeviceSpec {
 }
 
 impl DeviceSpec {
-    /// Opens the device.
-    pub fn open(&self, opts: OpenOptions) -> Result<Arc<dyn Device>, DeviceError> {
+    /// Opens the device. The error says why it cannot be opened and what
+    /// to do, and its variant what kind of failure it is (see
+    /// [`DeviceOpenError`]).
+    pub fn open(&self, opts: OpenOptions) -> Result<Arc<dyn Device>, DeviceOpenError> {
         Ok(match self {
             DeviceSpec::Mem => Arc::new(MemDevice::new(opts.capacity)),
             DeviceSpec::Sim { profile, file } => {
@@ -202,5 +204,56 @@ mod tests {
             .expect("cannot open under a missing directory")
             .to_string();
         assert!(e.contains("/nonexistent-dir"), "{e}");
+    }
+
+    #[test]
+    fn open_errors_are_typed_and_name_the_path_or_the_field() {
+        let opts = OpenOptions {
+            capacity: 1 << 20,
+            ..OpenOptions::default()
+        };
+        let path = PathBuf::from("/nonexistent-dir/critio/x.img");
+        let file = DeviceSpec::Uring(path.clone());
+        let pool = DeviceSpec::Pool(path.clone());
+        for spec in [&file, &pool] {
+            let e = spec.open(opts).err().expect("no directory to create it in");
+            assert!(
+                matches!(&e, DeviceOpenError::NotFound { path: p, .. } if *p == path),
+                "{spec}: {e:?}"
+            );
+            assert_eq!(e.path(), Some(path.as_path()));
+            let text = e.to_string();
+            assert!(
+                text.contains("no such file /nonexistent-dir/critio/x.img"),
+                "{text}"
+            );
+            assert!(text.contains("create the directory first"), "{text}");
+        }
+        let bad = OpenOptions {
+            capacity: 1000,
+            ..opts
+        };
+        for (spec, field) in [
+            (&file, "create_size"),
+            (&pool, "create_size"),
+            (
+                &DeviceSpec::Sim {
+                    profile: Profile::Ssd,
+                    file: None,
+                },
+                "capacity",
+            ),
+        ] {
+            let e = spec
+                .open(bad)
+                .err()
+                .expect("1000 bytes is not a block multiple");
+            assert!(
+                matches!(&e, DeviceOpenError::InvalidOption { field: f, .. } if *f == field),
+                "{spec}: {e:?}"
+            );
+            let text = e.to_string();
+            assert!(text.contains(&format!("invalid {field}: 1000")), "{text}");
+        }
     }
 }

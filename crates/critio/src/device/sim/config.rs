@@ -7,7 +7,7 @@ use super::hdd::HddParams;
 use super::model::Firmware;
 use super::ssd::SsdParams;
 use super::store::StoreKind;
-use crate::device::DeviceError;
+use crate::device::DeviceOpenError;
 use crate::time::MS;
 
 /// The block size of every simulated device (one sector).
@@ -144,19 +144,25 @@ impl SimConfig {
 
     /// Checks every field; the error names the first bad one and what is
     /// allowed.
-    pub fn validate(&self) -> Result<(), DeviceError> {
-        self.check().map_err(|cause| DeviceError::Open {
-            device: self.name(),
-            cause: format!("invalid simulator config: {cause}"),
-        })
+    pub fn validate(&self) -> Result<(), DeviceOpenError> {
+        self.check()
+            .map_err(|(field, why)| DeviceOpenError::InvalidOption {
+                device: self.name(),
+                field,
+                why,
+            })
     }
 
-    fn check(&self) -> Result<(), String> {
+    /// The first bad field and what is wrong with it.
+    fn check(&self) -> Result<(), (&'static str, String)> {
         let block = u64::from(SIM_BLOCK_SIZE);
         if self.capacity == 0 || self.capacity % block != 0 {
-            return Err(format!(
-                "capacity = {} must be a positive multiple of {block} bytes",
-                self.capacity
+            return Err((
+                "capacity",
+                format!(
+                    "{} must be a positive multiple of {block} bytes",
+                    self.capacity
+                ),
             ));
         }
         let deadline = ("high_deadline_ms", self.high_deadline_ms.unwrap_or(1));
@@ -166,26 +172,33 @@ impl SimConfig {
             deadline,
         ] {
             if !(1..=60_000).contains(&ms) {
-                return Err(format!("{field} = {ms} must be within 1..=60000"));
+                return Err((field, format!("{ms} must be within 1..=60000")));
             }
         }
         if self.write_cache && self.write_cache_bytes < block {
-            return Err(format!(
-                "write_cache_bytes = {} must be at least {block} (or turn write_cache off)",
-                self.write_cache_bytes
+            return Err((
+                "write_cache_bytes",
+                format!(
+                    "{} must be at least {block} (or turn write_cache off)",
+                    self.write_cache_bytes
+                ),
             ));
         }
         if !SPEEDUP_RANGE.contains(&self.speedup) {
-            return Err(format!(
-                "speedup = {} must be within {}..={} (1.0 = real time)",
-                self.speedup,
-                SPEEDUP_RANGE.start(),
-                SPEEDUP_RANGE.end()
+            return Err((
+                "speedup",
+                format!(
+                    "{} must be within {}..={} (1.0 = real time)",
+                    self.speedup,
+                    SPEEDUP_RANGE.start(),
+                    SPEEDUP_RANGE.end()
+                ),
             ));
         }
+        // The drive's own parameters name their field (`hdd.queue_depth`).
         match self.profile {
-            Profile::Hdd => self.hdd.validate(),
-            Profile::Ssd => self.ssd.validate(),
+            Profile::Hdd => self.hdd.validate().map_err(|why| ("hdd", why)),
+            Profile::Ssd => self.ssd.validate().map_err(|why| ("ssd", why)),
         }
     }
 }
@@ -202,8 +215,19 @@ mod tests {
             capacity: 1000,
             ..SimConfig::default()
         };
-        let e = bad.validate().unwrap_err().to_string();
-        assert!(e.contains("capacity = 1000"), "{e}");
+        let e = bad.validate().unwrap_err();
+        assert!(
+            matches!(
+                e,
+                DeviceOpenError::InvalidOption {
+                    field: "capacity",
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
+        let e = e.to_string();
+        assert!(e.contains("invalid capacity: 1000"), "{e}");
         let bad = SimConfig {
             speedup: 0.0,
             ..SimConfig::default()

@@ -37,7 +37,7 @@ use super::store::Store;
 use crate::class::Class;
 use crate::device::crash::{CrashLog, CutReport};
 use crate::device::{
-    validate, Command, Completer, Completion, Device, DeviceError, DeviceInfo, Op,
+    validate, Command, Completer, Completion, Device, DeviceError, DeviceInfo, DeviceOpenError, Op,
 };
 use crate::time::{Clock, Nanos};
 
@@ -94,13 +94,10 @@ fn mix(seed: u64, n: u64) -> u64 {
 impl SimDevice {
     /// A device as `config` says; the error names a bad field or why the
     /// file store cannot be opened.
-    pub fn new(config: SimConfig) -> Result<SimDevice, DeviceError> {
+    pub fn new(config: SimConfig) -> Result<SimDevice, DeviceOpenError> {
         config.validate()?;
         let name = config.name();
-        let store = Store::open(&config.store, config.capacity).map_err(|e| DeviceError::Open {
-            device: name.clone(),
-            cause: format!("cannot open the backing file: {e}; check the path and permissions"),
-        })?;
+        let store = Store::open(&config.store, config.capacity, &name)?;
         let model = make_model(&config, 0);
         let info = DeviceInfo {
             name,
@@ -133,9 +130,10 @@ impl SimDevice {
         let thread = std::thread::Builder::new()
             .name("critio-sim".into())
             .spawn(move || runner.run())
-            .map_err(|e| DeviceError::Open {
+            .map_err(|source| DeviceOpenError::Resource {
                 device: shared.info.name.clone(),
-                cause: format!("cannot start the driver thread: {e}"),
+                what: "cannot start the driver thread",
+                source,
             })?;
         Ok(SimDevice {
             shared,
@@ -144,12 +142,12 @@ impl SimDevice {
     }
 
     /// A 7200 rpm HDD of `capacity` bytes in memory, defaults otherwise.
-    pub fn hdd(capacity: u64, seed: u64) -> Result<SimDevice, DeviceError> {
+    pub fn hdd(capacity: u64, seed: u64) -> Result<SimDevice, DeviceOpenError> {
         Self::new(SimConfig::hdd(capacity, seed))
     }
 
     /// An 8-channel SSD of `capacity` bytes in memory, defaults otherwise.
-    pub fn ssd(capacity: u64, seed: u64) -> Result<SimDevice, DeviceError> {
+    pub fn ssd(capacity: u64, seed: u64) -> Result<SimDevice, DeviceOpenError> {
         Self::new(SimConfig::ssd(capacity, seed))
     }
 

@@ -17,6 +17,8 @@ use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
+use crate::device::DeviceOpenError;
+
 /// Where a simulated device keeps its data.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub enum StoreKind {
@@ -38,11 +40,32 @@ pub(crate) enum Store {
 }
 
 impl Store {
-    /// Opens the store for a device of `capacity` bytes.
-    pub fn open(kind: &StoreKind, capacity: u64) -> io::Result<Store> {
+    /// Opens the store for a device of `capacity` bytes, named `device` in
+    /// errors.
+    pub fn open(kind: &StoreKind, capacity: u64, device: &str) -> Result<Store, DeviceOpenError> {
         match kind {
             StoreKind::Memory => Ok(Store::Memory(HashMap::new())),
-            StoreKind::File(path) => open_file(path, capacity).map(Store::File),
+            StoreKind::File(path) => open_file(path, capacity)
+                .map(Store::File)
+                .map_err(|source| match source.kind() {
+                    io::ErrorKind::NotFound => DeviceOpenError::NotFound {
+                        device: device.to_owned(),
+                        path: path.clone(),
+                        remedy: "cannot create the backing file: its directory does not exist; \
+                                 create the directory first",
+                        source,
+                    },
+                    _ => DeviceOpenError::Io {
+                        device: device.to_owned(),
+                        path: path.clone(),
+                        what: format!(
+                            "cannot open the backing file {}: {source}; check the path and \
+                             permissions",
+                            path.display()
+                        ),
+                        source,
+                    },
+                }),
         }
     }
 
@@ -120,7 +143,7 @@ mod tests {
 
     #[test]
     fn memory_is_sparse_and_spans_chunks() {
-        let mut s = Store::open(&StoreKind::Memory, 1 << 40).unwrap();
+        let mut s = Store::open(&StoreKind::Memory, 1 << 40, "test").unwrap();
         let data: Vec<u8> = (0..3 * CHUNK as u32).map(|i| i as u8).collect();
         let at = (1 << 39) + CHUNK as u64 - 512;
         s.write(at, &data).unwrap();

@@ -1,13 +1,16 @@
 //! Opening the file or block device under a real backend (`uring`, and
 //! `pool`, which shares this), with probes that turn the kernel's terse
-//! errno into a cause and a remedy.
+//! errno into a typed [`DeviceOpenError`] with a cause and a remedy.
 //!
-//! | what goes wrong                     | what the error says                          |
-//! |-------------------------------------|----------------------------------------------|
-//! | file missing, no size given         | no such file PATH; create it or pass a size  |
-//! | O_DIRECT refused (EINVAL) at open   | the filesystem does not support O_DIRECT     |
-//! | ... or at the first aligned read    | the same                                     |
-//! | permission denied                   | who cannot open what read-write              |
+//! | what goes wrong                     | error           | what it says                                 |
+//! |-------------------------------------|-----------------|----------------------------------------------|
+//! | file missing, no size given         | `NotFound`      | no such file PATH; create it or pass a size  |
+//! | its directory missing               | `NotFound`      | create the directory first                   |
+//! | `create_size` not a block multiple  | `InvalidOption` | `create_size` and the block size             |
+//! | O_DIRECT refused (EINVAL) at open   | `Unsupported`   | the filesystem does not support O_DIRECT     |
+//! | ... or at the first aligned read    | `Unsupported`   | the same                                     |
+//! | neither a file nor a block device   | `Unsupported`   | the same, with the path                      |
+//! | permission denied, read-only, ...   | `Io`            | who cannot open what read-write              |
 //!
 //! Block size: 4096 with O_DIRECT, which every common filesystem and disk
 //! accepts (the logical block size is 512 or 4096; a block device reporting
@@ -21,7 +24,7 @@ use std::io::{self, Seek, SeekFrom};
 use std::os::unix::fs::{FileExt, FileTypeExt, OpenOptionsExt};
 use std::path::Path;
 
-use crate::device::{AlignedBuf, DeviceError};
+use crate::device::{AlignedBuf, DeviceOpenError};
 
 /// Block size with O_DIRECT (see the module docs).
 pub const DIRECT_BLOCK_SIZE: u32 = 4096;
@@ -57,22 +60,39 @@ pub(crate) struct OpenFile {
 }
 
 impl FileSpec<'_> {
-    fn error(&self, cause: String) -> DeviceError {
-        DeviceError::Open {
+    /// A [`DeviceOpenError::Io`] on this file: `what` says what failed on
+    /// which path, and what to do.
+    fn io_error(&self, what: String, source: io::Error) -> DeviceOpenError {
+        DeviceOpenError::Io {
             device: self.device.to_owned(),
-            cause,
+            path: self.path.to_owned(),
+            what,
+            source,
+        }
+    }
+
+    fn not_found(&self, remedy: &'static str, source: io::Error) -> DeviceOpenError {
+        DeviceOpenError::NotFound {
+            device: self.device.to_owned(),
+            path: self.path.to_owned(),
+            remedy,
+            source,
         }
     }
 
     /// The error for a filesystem that refuses O_DIRECT.
-    pub(crate) fn no_direct(&self) -> DeviceError {
+    pub(crate) fn no_direct(&self, source: io::Error) -> DeviceOpenError {
         let fs = filesystem_name(self.path).map_or("tmpfs?".to_owned(), |n| n.to_owned());
-        self.error(format!(
-            "the filesystem at {} ({fs}) does not support O_DIRECT; use a file on a \
-             disk-backed filesystem, or {}",
-            self.path.display(),
-            self.no_direct_hint
-        ))
+        DeviceOpenError::Unsupported {
+            device: self.device.to_owned(),
+            what: format!(
+                "the filesystem at {} ({fs}) does not support O_DIRECT; use a file on a \
+                 disk-backed filesystem, or {}",
+                self.path.display(),
+                self.no_direct_hint
+            ),
+            source: Some(source),
+        }
     }
 
     fn base_block_size(&self) -> u32 {
@@ -93,10 +113,10 @@ impl FileSpec<'_> {
     }
 
     /// Opens (or creates) and probes the file.
-    pub(crate) fn open(&self) -> Result<OpenFile, DeviceError> {
+    pub(crate) fn open(&self) -> Result<OpenFile, DeviceOpenError> {
         let file = match self.options().open(self.path) {
             Ok(f) => f,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => self.create()?,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => self.create(e)?,
             Err(e) => return Err(self.open_error(e)),
         };
         let (capacity, block_size) = self.measure(&file)?;
@@ -112,61 +132,66 @@ impl FileSpec<'_> {
         })
     }
 
-    fn create(&self) -> Result<File, DeviceError> {
+    /// Creates the file, which `open` found missing (`missing`).
+    fn create(&self, missing: io::Error) -> Result<File, DeviceOpenError> {
         let path = self.path.display();
         let Some(size) = self.create_size else {
-            return Err(self.error(format!(
-                "no such file {path}; create it or pass a size (create_size) to create it"
-            )));
+            return Err(self.not_found(
+                "create it or pass a size (create_size) to create it",
+                missing,
+            ));
         };
         let block = u64::from(self.base_block_size());
         if size == 0 || size % block != 0 {
-            return Err(self.error(format!(
-                "create_size {size} must be a positive multiple of the block size {block}"
-            )));
+            return Err(DeviceOpenError::InvalidOption {
+                device: self.device.to_owned(),
+                field: "create_size",
+                why: format!("{size} must be a positive multiple of the block size {block}"),
+            });
         }
         let file = self
             .options()
             .create_new(true)
             .open(self.path)
             .map_err(|e| match e.kind() {
-                io::ErrorKind::NotFound => self.error(format!(
-                    "cannot create {path}: its directory does not exist; create the directory first"
-                )),
+                io::ErrorKind::NotFound => self.not_found(
+                    "cannot create it: its directory does not exist; create the directory first",
+                    e,
+                ),
                 _ => self.open_error(e),
             })?;
         file.set_len(size).map_err(|e| {
-            self.error(format!(
-                "cannot size {path} to {size} bytes: {e}; check free space"
-            ))
+            self.io_error(
+                format!("cannot size {path} to {size} bytes: {e}; check free space"),
+                e,
+            )
         })?;
         Ok(file)
     }
 
-    fn open_error(&self, e: io::Error) -> DeviceError {
+    fn open_error(&self, e: io::Error) -> DeviceOpenError {
         let path = self.path.display();
-        match e.raw_os_error() {
-            Some(libc::EINVAL) if self.direct => self.no_direct(),
-            Some(libc::EACCES) | Some(libc::EPERM) => self.error(format!(
+        let what = match e.raw_os_error() {
+            Some(libc::EINVAL) if self.direct => return self.no_direct(e),
+            Some(libc::EACCES) | Some(libc::EPERM) => format!(
                 "permission denied opening {path} for reading and writing; \
                  fix its permissions or run as a user who may write it"
-            )),
-            Some(libc::EISDIR) => self.error(format!(
-                "{path} is a directory; give a file or a block device"
-            )),
-            Some(libc::EROFS) => self.error(format!(
-                "{path} is on a read-only filesystem; critio needs to write it"
-            )),
-            _ => self.error(format!("opening {path} failed: {e}")),
-        }
+            ),
+            Some(libc::EISDIR) => format!("{path} is a directory; give a file or a block device"),
+            Some(libc::EROFS) => {
+                format!("{path} is on a read-only filesystem; critio needs to write it")
+            }
+            _ => format!("opening {path} failed: {e}"),
+        };
+        self.io_error(what, e)
     }
 
     /// Capacity and block size.
-    fn measure(&self, file: &File) -> Result<(u64, u32), DeviceError> {
+    fn measure(&self, file: &File) -> Result<(u64, u32), DeviceOpenError> {
         let path = self.path.display();
         let meta = file
             .metadata()
-            .map_err(|e| self.error(format!("cannot stat {path}: {e}")))?;
+            .map_err(|e| self.io_error(format!("cannot stat {path}: {e}"), e))?;
         let mut block = self.base_block_size();
         let len = if meta.file_type().is_block_device() {
             if let Ok(logical) = rustix::fs::ioctl_blksszget(file) {
@@ -174,31 +199,36 @@ impl FileSpec<'_> {
             }
             (&*file)
                 .seek(SeekFrom::End(0))
-                .map_err(|e| self.error(format!("cannot find the size of {path}: {e}")))?
+                .map_err(|e| self.io_error(format!("cannot find the size of {path}: {e}"), e))?
         } else if meta.is_file() {
             meta.len()
         } else {
-            return Err(self.error(format!(
-                "{path} is neither a regular file nor a block device"
-            )));
+            return Err(DeviceOpenError::Unsupported {
+                device: self.device.to_owned(),
+                what: format!("{path} is neither a regular file nor a block device"),
+                source: None,
+            });
         };
         Ok((len - len % u64::from(block), block))
     }
 
     /// One aligned read: some filesystems accept O_DIRECT at open and refuse
     /// it at the first I/O.
-    fn probe_direct(&self, file: &File, capacity: u64) -> Result<(), DeviceError> {
+    fn probe_direct(&self, file: &File, capacity: u64) -> Result<(), DeviceOpenError> {
         if capacity == 0 {
             return Ok(());
         }
         let mut buf = AlignedBuf::zeroed(DIRECT_BLOCK_SIZE as usize);
         match file.read_at(buf.as_mut_slice(), 0) {
             Ok(_) => Ok(()),
-            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => Err(self.no_direct()),
-            Err(e) => Err(self.error(format!(
-                "the first read of {} failed: {e}; check the device",
-                self.path.display()
-            ))),
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => Err(self.no_direct(e)),
+            Err(e) => Err(self.io_error(
+                format!(
+                    "the first read of {} failed: {e}; check the device",
+                    self.path.display()
+                ),
+                e,
+            )),
         }
     }
 }
@@ -242,6 +272,16 @@ mod tests {
     fn einval_at_open_reads_as_no_direct() {
         let path = Path::new("/dev/shm/critio-no-such-file");
         let e = spec(path).open_error(io::Error::from_raw_os_error(libc::EINVAL));
+        assert!(
+            matches!(
+                e,
+                DeviceOpenError::Unsupported {
+                    source: Some(_),
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
         let text = e.to_string();
         assert!(text.contains("does not support O_DIRECT"), "{text}");
         assert!(text.contains("/dev/shm/critio-no-such-file"), "{text}");
@@ -254,15 +294,27 @@ mod tests {
     #[test]
     fn a_missing_file_says_what_to_do() {
         let path = std::env::temp_dir().join("critio-surely-missing/x");
-        let e = spec(&path).open().unwrap_err().to_string();
+        let e = spec(&path).open().unwrap_err();
+        assert!(matches!(&e, DeviceOpenError::NotFound { path: p, .. } if *p == path));
+        let e = e.to_string();
         assert!(e.contains("no such file"), "{e}");
         assert!(e.contains("pass a size"), "{e}");
         let mut s = spec(&path);
         s.create_size = Some(1 << 20);
-        let e = s.open().unwrap_err().to_string();
+        let e = s.open().unwrap_err();
+        assert!(matches!(&e, DeviceOpenError::NotFound { path: p, .. } if *p == path));
+        let e = e.to_string();
         assert!(e.contains("directory does not exist"), "{e}");
         s.create_size = Some(1000);
-        let e = s.open().unwrap_err().to_string();
+        let e = s.open().unwrap_err();
+        assert!(matches!(
+            e,
+            DeviceOpenError::InvalidOption {
+                field: "create_size",
+                ..
+            }
+        ));
+        let e = e.to_string();
         assert!(e.contains("multiple of the block size 4096"), "{e}");
     }
 }

@@ -68,7 +68,7 @@ pub use file::{BUFFERED_BLOCK_SIZE, DIRECT_BLOCK_SIZE};
 
 use self::reaper::Shared;
 use self::state::State;
-use super::{validate, Command, Completer, Completion, Device, DeviceError, DeviceInfo};
+use super::{validate, Command, Completer, Completion, Device, DeviceInfo, DeviceOpenError};
 
 /// The default ring size, which is also the queue depth.
 pub const ENTRIES_DEFAULT: u32 = 128;
@@ -117,17 +117,19 @@ impl UringDevice {
     /// Opens `path` (a regular file or a block device) read-write with
     /// O_DIRECT, probes io_uring and O_DIRECT, and starts the reaper.
     ///
-    /// Errors ([`DeviceError::Open`]) say why and what to do: io_uring
-    /// missing or disabled, no such file, no O_DIRECT on the filesystem, a
-    /// bad option.
-    pub fn open(path: impl AsRef<Path>, options: UringOptions) -> Result<Self, DeviceError> {
+    /// Errors say why and what to do: io_uring missing or disabled, or no
+    /// O_DIRECT on the filesystem ([`DeviceOpenError::Unsupported`]), no
+    /// such file (`NotFound`), a bad option (`InvalidOption`), another
+    /// error opening the file (`Io`), no thread or eventfd (`Resource`).
+    pub fn open(path: impl AsRef<Path>, options: UringOptions) -> Result<Self, DeviceOpenError> {
         let path = path.as_ref();
         let device = format!("uring:{}", path.display());
-        let fail = |cause: String| DeviceError::Open {
+        let resource = |what, source| DeviceOpenError::Resource {
             device: device.clone(),
-            cause,
+            what,
+            source,
         };
-        check_options(&options).map_err(fail)?;
+        check_options(&device, &options)?;
         let opened = FileSpec {
             path,
             device: &device,
@@ -137,8 +139,8 @@ impl UringDevice {
         }
         .open()?;
         let eventfd = eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)
-            .map_err(|e| fail(format!("cannot create an eventfd: {e}")))?;
-        let ring = ring::build(options.entries, &eventfd).map_err(fail)?;
+            .map_err(|e| resource("cannot create an eventfd", e.into()))?;
+        let ring = ring::build(&device, options.entries, &eventfd)?;
         let priorities = options.per_request_ioprio.then_some(options.priorities);
         let state = State::new(ring, opened.file, priorities);
         let shared = Arc::new(Shared {
@@ -156,7 +158,7 @@ impl UringDevice {
         let reaper = thread::Builder::new()
             .name("critio-uring-reaper".into())
             .spawn(move || reaper::run(for_reaper))
-            .map_err(|e| fail(format!("cannot start the reaper thread: {e}")))?;
+            .map_err(|e| resource("cannot start the reaper thread", e))?;
         Ok(Self {
             shared,
             reaper: Some(reaper),
@@ -175,14 +177,23 @@ impl UringDevice {
     }
 }
 
-fn check_options(options: &UringOptions) -> Result<(), String> {
+fn check_options(device: &str, options: &UringOptions) -> Result<(), DeviceOpenError> {
+    let invalid = |field, why| DeviceOpenError::InvalidOption {
+        device: device.to_owned(),
+        field,
+        why,
+    };
     let entries = options.entries;
     if !entries.is_power_of_two() || entries > ENTRIES_MAX {
-        return Err(format!(
-            "entries {entries} must be a power of two from 1 to {ENTRIES_MAX}"
+        return Err(invalid(
+            "entries",
+            format!("{entries} must be a power of two from 1 to {ENTRIES_MAX}"),
         ));
     }
-    options.priorities.check().map_err(|e| e.to_string())?;
+    options
+        .priorities
+        .check()
+        .map_err(|e| invalid("priorities", e.to_string()))?;
     Ok(())
 }
 

@@ -1,5 +1,7 @@
 //! Setting up the ring, with probes that say why io_uring cannot be used
-//! here and what to do about it.
+//! here and what to do about it. Every failure is a
+//! [`DeviceOpenError::Unsupported`]: the pool backend works without io_uring,
+//! and each message says so.
 //!
 //! | probe                         | failure                 | the error says                      |
 //! |-------------------------------|-------------------------|-------------------------------------|
@@ -15,6 +17,8 @@ use std::os::fd::{AsRawFd, OwnedFd};
 
 use io_uring::{opcode, IoUring, Probe};
 
+use crate::device::DeviceOpenError;
+
 /// Where the kernel says whether io_uring may be used (Linux 6.6+).
 pub(super) const IO_URING_DISABLED: &str = "/proc/sys/kernel/io_uring_disabled";
 
@@ -22,30 +26,49 @@ pub(super) const IO_URING_DISABLED: &str = "/proc/sys/kernel/io_uring_disabled";
 const INSTEAD: &str = "or use the pool backend";
 
 /// A ring of `entries` SQEs (and twice as many CQEs) that signals
-/// `eventfd` on every completion. `Err` is the cause, in plain words.
-pub(super) fn build(entries: u32, eventfd: &OwnedFd) -> Result<IoUring, String> {
-    let ring = IoUring::new(entries).map_err(|e| setup_error(&e, entries))?;
-    check_opcodes(&ring)?;
+/// `eventfd` on every completion, for the device named `device`.
+pub(super) fn build(
+    device: &str,
+    entries: u32,
+    eventfd: &OwnedFd,
+) -> Result<IoUring, DeviceOpenError> {
+    let unsupported = |what: String, source: Option<io::Error>| DeviceOpenError::Unsupported {
+        device: device.to_owned(),
+        what,
+        source,
+    };
+    let ring = IoUring::new(entries).map_err(|e| unsupported(setup_error(&e, entries), Some(e)))?;
+    check_opcodes(&ring).map_err(|(what, e)| unsupported(what, e))?;
     ring.submitter()
         .register_eventfd(eventfd.as_raw_fd())
-        .map_err(|e| format!("cannot register an eventfd with the io_uring: {e}; {INSTEAD}"))?;
+        .map_err(|e| {
+            unsupported(
+                format!("cannot register an eventfd with the io_uring: {e}; {INSTEAD}"),
+                Some(e),
+            )
+        })?;
     Ok(ring)
 }
 
-fn check_opcodes(ring: &IoUring) -> Result<(), String> {
+/// Whether the ring supports every operation critio issues; `Err` is the
+/// cause in plain words and the system's error, if any.
+fn check_opcodes(ring: &IoUring) -> Result<(), (String, Option<io::Error>)> {
     let old = "this kernel's io_uring lacks";
     let remedy = format!("critio needs Linux 5.6 or later; {INSTEAD}");
     let mut probe = Probe::new();
-    ring.submitter()
-        .register_probe(&mut probe)
-        .map_err(|e| format!("{old} IORING_REGISTER_PROBE ({e}); {remedy}"))?;
+    ring.submitter().register_probe(&mut probe).map_err(|e| {
+        (
+            format!("{old} IORING_REGISTER_PROBE ({e}); {remedy}"),
+            Some(e),
+        )
+    })?;
     for (name, code) in [
         ("READ", opcode::Read::CODE),
         ("WRITE", opcode::Write::CODE),
         ("FSYNC", opcode::Fsync::CODE),
     ] {
         if !probe.is_supported(code) {
-            return Err(format!("{old} the {name} operation; {remedy}"));
+            return Err((format!("{old} the {name} operation; {remedy}"), None));
         }
     }
     Ok(())
