@@ -448,13 +448,9 @@ impl Engine {
 
     /// MGET: a string per key, None for absent keys and other kinds.
     pub fn mget(&self, keys: &[&[u8]]) -> Result<Vec<Option<Vec<u8>>>, EngineError> {
+        // Another kind of value reads as None, not WRONGTYPE.
         keys.iter()
-            .map(|k| {
-                Ok(self.inner.read(k)?.and_then(|f| match f.value {
-                    Some(Value::Str(s)) => Some(s),
-                    _ => None,
-                }))
-            })
+            .map(|k| Ok(string(self.inner.read(k)?).ok().flatten()))
             .collect()
     }
 
