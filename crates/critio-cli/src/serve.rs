@@ -276,7 +276,7 @@ fn open_store(args: &ServeArgs, file: FileConfig) -> Result<(Stack, StackConfig,
         cfg.scheme
     );
     let stack = Stack::open(&cfg).map_err(|e| format!("cannot open the store: {e}"))?;
-    for note in &stack.notes {
+    for note in stack.io.notes() {
         println!("critio-kv: note: {note}");
     }
     Ok((stack, cfg, dir))

@@ -16,10 +16,14 @@
 //! background threads: the I/O scheduler serves idle-class requests only
 //! when nothing else waits, and nothing else in the stack knows about it.
 //!
-//! With a [`WriteCacheSpec`], the device is a [`WriteCache`] (critio's
-//! `nvwc`) of a fast cache device in front of the configured one, attached
-//! to the block layer so that promotion of a write already at the backing
-//! device reissues it to the cache (paper 002):
+//! The layers come from [`critio::Stack`]: a [`StackConfig`] becomes one
+//! critio [`Config`] (the scheme's switches, `[device]`, `[nvwc]`), and
+//! the engine lays its regions out on that stack, each checked against the
+//! others. With a [`WriteCacheSpec`], the device is a write cache (critio's
+//! `nvwc`) of a fast cache device in front of the configured one, whose
+//! reissue hook the stack wires into the block layer, so that promotion of
+//! a write already at the backing device reissues it to the cache (paper
+//! 002):
 //!
 //! ```text
 //!  engine ─> page cache / log ─> block layer ─> WriteCache ─┬─> cache device (admitted writes)
@@ -30,15 +34,14 @@ use std::fmt;
 use std::str::FromStr;
 use std::sync::Arc;
 
-use critio::block::{BlockLayer, BlockScheme, NoncriticalCap};
-use critio::cache::PageCache;
+use critio::block::{BlockScheme, NoncriticalCap};
 use critio::config::Config;
-use critio::device::uring::ClassPriorities;
-use critio::device::{Device, DeviceSpec, OpenOptions};
-use critio::nvwc::{NvwcConfig, WriteCache};
+use critio::device::{DeviceConfig, DeviceSpec, PriorityMode};
+use critio::nvwc::{NvwcConfig, WriteCacheConfig};
+use critio::sys::ClassPriorities;
 use serde::{Deserialize, Serialize};
 
-use crate::engine::{Engine, EngineConfig, EngineError, Parts};
+use crate::engine::{Engine, EngineConfig, EngineError};
 
 /// A named configuration of the stack.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -105,13 +108,20 @@ impl Scheme {
         c
     }
 
+    /// The kernel priorities a file device gets under this scheme: none,
+    /// strict classes for `kernel-idle` (what `ionice` gives), levels for
+    /// the rest.
+    pub fn priority_mode(self) -> PriorityMode {
+        match self {
+            Scheme::None => PriorityMode::Off,
+            Scheme::KernelIdle => PriorityMode::Classes,
+            _ => PriorityMode::Levels,
+        }
+    }
+
     /// The kernel priorities a file device gets under this scheme.
     pub fn device_priorities(self) -> Option<ClassPriorities> {
-        match self {
-            Scheme::None => None,
-            Scheme::KernelIdle => Some(ClassPriorities::default()),
-            _ => Some(ClassPriorities::LEVELS),
-        }
+        self.priority_mode().priorities()
     }
 }
 
@@ -197,97 +207,44 @@ impl Default for StackConfig {
 
 /// An open store and the layers under it.
 pub struct Stack {
-    /// The device under the block layer (the write cache, if there is one).
-    pub device: Arc<dyn Device>,
-    /// The write cache, if the store has one.
-    pub write_cache: Option<Arc<WriteCache>>,
-    /// The block layer.
-    pub block: Arc<BlockLayer>,
-    /// The page cache.
-    pub cache: Arc<PageCache>,
+    /// critio's stack: the device (the write cache, if there is one), the
+    /// block layer, the page cache, the layout of the device, and the
+    /// configuration in force (with the scheme applied).
+    pub io: critio::Stack,
     /// The engine.
     pub engine: Arc<Engine>,
-    /// The configuration in force (with the scheme applied).
-    pub config: Config,
-    /// What could not be set up as configured, and what was done instead
-    /// (for the operator; the store works either way).
-    pub notes: Vec<String>,
 }
 
 impl Stack {
-    /// Opens the device and everything above it, recovering the store.
+    /// Opens the device and everything above it through
+    /// [`critio::Stack`], recovering the store.
     pub fn open(cfg: &StackConfig) -> Result<Stack, EngineError> {
-        let mut config = cfg.scheme.apply(&cfg.critio);
-        if let Some(tweak) = cfg.tweak {
+        let io = critio::Stack::open(&cfg.critio_config())?;
+        let engine = Arc::new(Engine::open(&io, cfg.engine)?);
+        Ok(Stack { io, engine })
+    }
+}
+
+impl StackConfig {
+    /// The critio config this store opens its stack with: the scheme's
+    /// switches and the tweak applied, and the device and write cache in
+    /// its `[device]` and `[nvwc]` sections.
+    pub fn critio_config(&self) -> Config {
+        let mut config = self.scheme.apply(&self.critio);
+        if let Some(tweak) = self.tweak {
             tweak(&mut config);
         }
+        config.device = DeviceConfig {
+            spec: self.device.clone(),
+            capacity_bytes: self.capacity,
+            seed: self.seed,
+            priorities: self.scheme.priority_mode(),
+        };
+        config.nvwc = self.write_cache.as_ref().map(|wc| WriteCacheConfig {
+            device: wc.device.clone(),
+            cache: wc.config,
+        });
         config
-            .validate()
-            .map_err(|e| EngineError::Config(e.to_string()))?;
-        let opts = OpenOptions {
-            capacity: cfg.capacity,
-            seed: cfg.seed,
-            priorities: cfg.scheme.device_priorities(),
-        };
-        let mut device = cfg
-            .device
-            .open(opts)
-            .map_err(|e| EngineError::Config(e.to_string()))?;
-        let write_cache = match &cfg.write_cache {
-            None => None,
-            Some(wc) => {
-                wc.config
-                    .validate()
-                    .map_err(|e| EngineError::Config(format!("nvwc: {e}")))?;
-                let cache_opts = OpenOptions {
-                    capacity: wc.config.cache_device_bytes(),
-                    seed: cfg.seed.wrapping_add(1),
-                    ..opts
-                };
-                let cache_dev = wc.device.open(cache_opts).map_err(|e| {
-                    EngineError::Config(format!("write cache device {}: {e}", wc.device))
-                })?;
-                let wc = Arc::new(
-                    WriteCache::new(cache_dev, device, wc.config)
-                        .map_err(|e| EngineError::Config(format!("write cache: {e}")))?,
-                );
-                device = wc.clone();
-                Some(wc)
-            }
-        };
-        if config.context.kernel_mirror {
-            critio::context::set_kernel_mirror(Some(ClassPriorities::LEVELS));
-        }
-        let mut notes = Vec::new();
-        if let Err(why) = critio::context::set_background_nice(config.context.background_nice) {
-            notes.push(format!("context.background_nice: {why}"));
-        }
-        let block = Arc::new(
-            BlockLayer::new(device.clone(), config.block)
-                .map_err(|e| EngineError::Config(e.to_string()))?,
-        );
-        if let Some(wc) = &write_cache {
-            wc.attach(&block);
-        }
-        let cache = Arc::new(
-            PageCache::new(block.clone(), config.cache, &config.sync)
-                .map_err(|e| EngineError::Config(e.to_string()))?,
-        );
-        let parts = Parts {
-            block: block.clone(),
-            cache: cache.clone(),
-            sync: config.sync.clone(),
-        };
-        let engine = Arc::new(Engine::open(parts, cfg.engine, config.log)?);
-        Ok(Stack {
-            device,
-            write_cache,
-            block,
-            cache,
-            engine,
-            config,
-            notes,
-        })
     }
 }
 
@@ -322,8 +279,11 @@ mod tests {
     #[test]
     fn a_store_behind_a_write_cache_caches_what_requests_wait_for() {
         let stack = Stack::open(&behind_a_write_cache(Policy::CpPi)).unwrap();
-        let wc = stack.write_cache.clone().expect("a write cache");
-        assert!(Arc::ptr_eq(&stack.device, &(wc.clone() as Arc<dyn Device>)));
+        let wc = stack.io.write_cache().cloned().expect("a write cache");
+        assert!(Arc::ptr_eq(
+            stack.io.device(),
+            &(wc.clone() as Arc<dyn critio::device::Device>)
+        ));
         let start = wc.stats();
         std::thread::scope(|s| {
             s.spawn(|| {

@@ -5,14 +5,12 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use critio::block::{BlockConfig, BlockLayer};
-use critio::cache::{CacheConfig, PageCache};
-use critio::config::SyncConfig;
+use critio::config::Config;
 use critio::device::faulty::{FaultConfig, FaultyDevice};
 use critio::device::mem::MemDevice;
 use critio::device::Device;
 use critio::log::LogConfig;
-use critio_kv::engine::{Engine, EngineConfig, EngineError, Parts, SetOptions};
+use critio_kv::engine::{Engine, EngineConfig, EngineError, SetOptions};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
@@ -36,19 +34,17 @@ fn log_config() -> LogConfig {
     }
 }
 
+/// critio's stack over `dev` with a cache of `cache_bytes` and `log`.
+fn stack_on(dev: Arc<dyn Device>, cache_bytes: u64, log: LogConfig) -> critio::Stack {
+    let mut config = Config::default();
+    config.cache.capacity_bytes = cache_bytes;
+    config.log = log;
+    config.context.background_nice = 0;
+    critio::Stack::over(dev, &config).unwrap()
+}
+
 fn open_on(dev: Arc<dyn Device>, cache_bytes: u64) -> Result<Engine, EngineError> {
-    let block = Arc::new(BlockLayer::new(dev, BlockConfig::default()).unwrap());
-    let cache_cfg = CacheConfig {
-        capacity_bytes: cache_bytes,
-        ..CacheConfig::default()
-    };
-    let cache = Arc::new(PageCache::new(block.clone(), cache_cfg, &SyncConfig::default()).unwrap());
-    let parts = Parts {
-        block,
-        cache,
-        sync: SyncConfig::default(),
-    };
-    Engine::open(parts, small_config(), log_config())
+    Engine::open(&stack_on(dev, cache_bytes, log_config()), small_config())
 }
 
 fn set(e: &Engine, k: &str, v: &[u8]) {
@@ -435,18 +431,6 @@ fn a_snapshot_holds_every_key_as_it_was_when_bgsave_was_called() {
 #[test]
 fn values_larger_than_a_scan_chunk_survive_snapshot_rewrite_and_reopen() {
     let open = |dev: Arc<dyn Device>| {
-        let block = Arc::new(BlockLayer::new(dev, BlockConfig::default()).unwrap());
-        let cache_cfg = CacheConfig {
-            capacity_bytes: 2 * MIB,
-            ..CacheConfig::default()
-        };
-        let cache =
-            Arc::new(PageCache::new(block.clone(), cache_cfg, &SyncConfig::default()).unwrap());
-        let parts = Parts {
-            block,
-            cache,
-            sync: SyncConfig::default(),
-        };
         let cfg = EngineConfig {
             log_bytes: 16 * MIB,
             checkpoint_interval_ms: 0,
@@ -459,7 +443,7 @@ fn values_larger_than_a_scan_chunk_survive_snapshot_rewrite_and_reopen() {
             pending_bytes_max: 8 * MIB,
             ..LogConfig::default()
         };
-        Engine::open(parts, cfg, log).unwrap()
+        Engine::open(&stack_on(dev, 2 * MIB, log), cfg).unwrap()
     };
     let dev: Arc<dyn Device> = Arc::new(MemDevice::new(128 * MIB));
     let mut rng = SmallRng::seed_from_u64(11);

@@ -10,13 +10,10 @@ use std::net::{SocketAddr, TcpStream};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use critio::block::{BlockConfig, BlockLayer};
-use critio::cache::{CacheConfig, PageCache};
-use critio::config::SyncConfig;
 use critio::device::faulty::{FaultConfig, FaultyDevice};
 use critio::device::mem::MemDevice;
 use critio::device::DeviceSpec;
-use critio_kv::engine::{Engine, EngineConfig, Parts};
+use critio_kv::engine::{Engine, EngineConfig};
 use critio_kv::server::{Backend, Server, ServerConfig};
 use critio_kv::stack::{default_critio_config, Scheme, Stack, StackConfig};
 use redis::{Commands, Connection, FromRedisValue, RedisResult, Value};
@@ -695,23 +692,14 @@ fn device_failure_fails_writes_and_never_acknowledges_them() {
         FaultyDevice::new(Arc::new(MemDevice::new(64 * MIB)), FaultConfig::default()).unwrap(),
     );
     let sc = stack_config();
-    let block = Arc::new(BlockLayer::new(faulty.clone(), BlockConfig::default()).unwrap());
-    let cache_cfg = CacheConfig {
-        capacity_bytes: 4 * MIB,
-        ..CacheConfig::default()
-    };
-    let sync = SyncConfig::default();
-    let cache = Arc::new(PageCache::new(block.clone(), cache_cfg, &sync).unwrap());
-    let parts = Parts {
-        block: block.clone(),
-        cache: cache.clone(),
-        sync,
-    };
-    let engine = Arc::new(Engine::open(parts, sc.engine, sc.critio.log).unwrap());
+    let mut config = sc.critio.clone();
+    config.cache.capacity_bytes = 4 * MIB;
+    let io = critio::Stack::over(faulty.clone(), &config).unwrap();
+    let engine = Arc::new(Engine::open(&io, sc.engine).unwrap());
     let backend = Backend {
         engine,
-        block,
-        cache,
+        block: io.block().clone(),
+        cache: io.cache().clone(),
         scheme: Scheme::Rcp,
         device: "faulty:mem".into(),
         engine_config: sc.engine,

@@ -36,16 +36,32 @@
 //! record_bytes_max = 262144
 //! pending_bytes_max = 4194304    # appenders wait beyond this
 //! allow_corrupt_truncate = false # open refuses a corrupt (not torn) tail
+//!
+//! [device]                       # what crate::stack::Stack::open opens
+//! spec = "mem"                   # mem | sim[:ssd|:hdd][:PATH] | file:PATH | pool:PATH
+//! capacity_bytes = 268435456     # size of mem/sim, or of a file created for it
+//! priorities = "levels"          # off | levels | classes: each class's kernel ioprio
+//!
+//! # [nvwc]                       # optional: a write cache in front of the device
+//! # device = "sim:ssd"
+//! # policy = "cp-pi-ioi"
+//! # cache_bytes = 67108864
 //! ```
-
-use std::time::Duration;
+//!
+//! Each section's type lives with its layer (`block::BlockConfig`,
+//! `sync::SyncConfig`, ...) and validates itself with the leaf
+//! [`crate::error::ConfigError`]; this module only gathers them, so no
+//! layer depends on it.
 
 use serde::{Deserialize, Serialize};
 
 use crate::block::BlockConfig;
 use crate::cache::CacheConfig;
+use crate::device::DeviceConfig;
+pub use crate::error::ConfigError;
 use crate::log::LogConfig;
-use crate::sync::{SyncOptions, HELPER_WINDOW_DEFAULT};
+use crate::nvwc::WriteCacheConfig;
+pub use crate::sync::{SyncConfig, HELPER_WINDOW_MS_RANGE};
 
 /// The whole stack's configuration.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -61,6 +77,11 @@ pub struct Config {
     pub log: LogConfig,
     /// The page cache: size, dirty limits per class, writeback.
     pub cache: CacheConfig,
+    /// The device a [`crate::stack::Stack`] opens.
+    pub device: DeviceConfig,
+    /// A write cache in front of the device (absent: none).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub nvwc: Option<WriteCacheConfig>,
 }
 
 /// The `context` section.
@@ -90,61 +111,6 @@ impl Default for ContextConfig {
     }
 }
 
-/// The `sync` section.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct SyncConfig {
-    /// Whether lock owners and condvar helpers inherit criticality from
-    /// critical waiters. Default: true.
-    pub inheritance: bool,
-    /// How long an inferred condvar helper may go without signalling before
-    /// it is dropped, in milliseconds. Default: 1000 (1 s). Range 1..=60000.
-    pub helper_window_ms: u64,
-}
-
-/// The allowed range of `sync.helper_window_ms`.
-pub const HELPER_WINDOW_MS_RANGE: std::ops::RangeInclusive<u64> = 1..=60_000;
-
-const _: () = assert!(HELPER_WINDOW_DEFAULT.as_millis() as u64 >= *HELPER_WINDOW_MS_RANGE.start());
-const _: () = assert!(HELPER_WINDOW_DEFAULT.as_millis() as u64 <= *HELPER_WINDOW_MS_RANGE.end());
-
-impl Default for SyncConfig {
-    fn default() -> Self {
-        Self {
-            inheritance: true,
-            helper_window_ms: HELPER_WINDOW_DEFAULT.as_millis() as u64,
-        }
-    }
-}
-
-impl SyncConfig {
-    /// Options for a primitive named `name` under this configuration.
-    pub fn options(&self, name: &'static str) -> SyncOptions {
-        SyncOptions::named(name)
-            .inherit(self.inheritance)
-            .helper_window(Duration::from_millis(self.helper_window_ms))
-    }
-}
-
-/// A configuration that cannot be used, and why.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum ConfigError {
-    /// A field is out of its allowed range.
-    #[error("config: `{field}` = {value} is invalid: {allowed}")]
-    Invalid {
-        /// The dotted field name, as in the config file.
-        field: &'static str,
-        /// The rejected value.
-        value: String,
-        /// What is allowed instead.
-        allowed: String,
-    },
-    /// The config file is not valid TOML for this schema.
-    #[error("config: cannot parse: {0}")]
-    Parse(#[from] toml::de::Error),
-}
-
 impl Config {
     /// Checks every field; the error names the first bad one.
     pub fn validate(&self) -> Result<(), ConfigError> {
@@ -156,21 +122,15 @@ impl Config {
                 allowed: "must be within 0..=19 (0: off)".into(),
             });
         }
-        let window = self.sync.helper_window_ms;
-        if !HELPER_WINDOW_MS_RANGE.contains(&window) {
-            return Err(ConfigError::Invalid {
-                field: "sync.helper_window_ms",
-                value: window.to_string(),
-                allowed: format!(
-                    "must be within {}..={} milliseconds",
-                    HELPER_WINDOW_MS_RANGE.start(),
-                    HELPER_WINDOW_MS_RANGE.end()
-                ),
-            });
-        }
+        self.sync.validate()?;
         self.block.validate()?;
         self.log.validate()?;
-        self.cache.validate()
+        self.cache.validate()?;
+        self.device.validate()?;
+        match &self.nvwc {
+            Some(wc) => wc.cache.validate(),
+            None => Ok(()),
+        }
     }
 
     /// Parses and validates a TOML config.
@@ -224,6 +184,20 @@ mod tests {
         assert!(err.to_string().contains("log.batch_bytes_max"), "{err}");
         let err = Config::from_toml_str("[log]\nregion_byte = 1").unwrap_err();
         assert!(err.to_string().contains("region_byte"), "{err}");
+    }
+
+    #[test]
+    fn device_and_nvwc_sections_parse() {
+        let text = "[device]\nspec = \"sim:ssd\"\ncapacity_bytes = 16777216\n\
+                    [nvwc]\ndevice = \"mem\"\ncache_bytes = 1048576\n";
+        let c = Config::from_toml_str(text).unwrap();
+        assert_eq!(c.device.spec.to_string(), "sim:ssd");
+        assert_eq!(c.nvwc.as_ref().map(|w| w.cache.cache_bytes), Some(1 << 20));
+        assert!(Config::default().nvwc.is_none());
+        let err = Config::from_toml_str("[nvwc]\ncache_bytes = 0").unwrap_err();
+        assert!(err.to_string().contains("nvwc.cache_bytes"), "{err}");
+        let again = Config::from_toml_str(&toml::to_string(&c).unwrap()).unwrap();
+        assert_eq!(again, c);
     }
 
     #[test]

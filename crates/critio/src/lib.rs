@@ -27,10 +27,13 @@ pub mod class;
 pub mod config;
 pub mod context;
 pub mod device;
+pub mod error;
 pub mod log;
 pub mod metrics;
 pub mod nvwc;
 mod shim;
+#[cfg(not(loom))]
+pub mod stack;
 pub mod sync;
 pub mod sys;
 pub mod time;
@@ -38,3 +41,5 @@ pub mod time;
 pub use class::Class;
 pub use config::{Config, ConfigError};
 pub use context::current_class;
+#[cfg(not(loom))]
+pub use stack::{Stack, StackError};

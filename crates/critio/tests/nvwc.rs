@@ -520,7 +520,7 @@ fn stack(policy: Policy) -> Stack {
     let cache = Arc::new(FaultyDevice::new(mem, FaultConfig::default()).unwrap());
     let wc = Arc::new(WriteCache::new(cache.clone(), gate.clone(), cfg).unwrap());
     let layer = Arc::new(BlockLayer::new(wc.clone(), BlockConfig::default()).unwrap());
-    wc.attach(&layer);
+    layer.set_at_device_hook(wc.reissue_hook());
     Stack {
         cache,
         gate,
@@ -647,7 +647,7 @@ fn sim_stack(seed: u64) -> (Arc<WriteCache>, Arc<BlockLayer>, Arc<SimDevice>) {
         ..BlockConfig::default()
     };
     let layer = Arc::new(BlockLayer::new(wc.clone(), block_cfg).unwrap());
-    wc.attach(&layer);
+    layer.set_at_device_hook(wc.reissue_hook());
     (wc, layer, backing)
 }
 

@@ -214,7 +214,7 @@ fn preload(stack: &Stack, load: &KvWorkload) -> Result<(), String> {
         .engine
         .save()
         .map_err(|e| format!("preload checkpoint: {e}"))?;
-    if let Some(wc) = &stack.write_cache {
+    if let Some(wc) = stack.io.write_cache() {
         wc.writeback_all()
             .map_err(|e| format!("preload writeback: {e}"))?;
     }
@@ -235,8 +235,9 @@ fn one_run(
     pb.set_message("preloading");
     preload(&stack, load)?;
     let wc = stack
-        .write_cache
-        .clone()
+        .io
+        .write_cache()
+        .cloned()
         .expect("the stack has a write cache");
     let engine = stack.engine.clone();
     let win = kvbench::measure_window(

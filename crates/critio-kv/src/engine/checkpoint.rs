@@ -27,7 +27,7 @@ use super::record::{KIND_DEL, KIND_FLUSHALL};
 use super::superblock::{Slot, Superblock};
 use super::vlog::{Flow, Vlog, Who};
 use super::wal::{self, Op};
-use super::{Engine, EngineConfig, EngineError, Inner, Parts};
+use super::{Engine, EngineConfig, EngineError, Inner};
 
 /// How often the checkpointer looks at the clock and the log.
 const CHECKPOINTER_TICK: Duration = Duration::from_millis(50);
@@ -88,10 +88,13 @@ pub struct BackgroundStats {
 }
 
 /// Reads both superblock slots: the newest valid one, if any.
-fn load_superblock(parts: &Parts, layout: &Layout) -> Result<Option<Superblock>, EngineError> {
+fn load_superblock(
+    block: &critio::block::BlockLayer,
+    layout: &Layout,
+) -> Result<Option<Superblock>, EngineError> {
     let mut best: Option<Superblock> = None;
     for i in 0..2 {
-        let buf = parts.block.read(
+        let buf = block.read(
             SUPERBLOCK_OFFSET + i * SUPERBLOCK_BYTES,
             SUPERBLOCK_BYTES as usize,
         )?;
@@ -122,15 +125,15 @@ fn load_superblock(parts: &Parts, layout: &Layout) -> Result<Option<Superblock>,
 }
 
 impl Engine {
-    /// Opens (or creates) the store on `parts`: reads the newest
-    /// checkpoint, rebuilds the index from the value log, replays the WAL
-    /// after it, takes a checkpoint, and starts the checkpointer.
-    /// `log_base` gives the WAL's settings; its region is the layout's.
-    pub fn open(
-        parts: Parts,
-        cfg: EngineConfig,
-        log_base: LogConfig,
-    ) -> Result<Engine, EngineError> {
+    /// Opens (or creates) the store on `stack`: lays out the device
+    /// (superblocks, log, dump file, value log; each region checked by the
+    /// stack), reads the newest checkpoint, rebuilds the index from the
+    /// value log, replays the WAL after it, takes a checkpoint, and starts
+    /// the checkpointer. The stack's `[log]` section gives the WAL's
+    /// limits; its region is the engine's layout.
+    pub fn open(stack: &critio::Stack, cfg: EngineConfig) -> Result<Engine, EngineError> {
+        let log_base = stack.config().log;
+        let sync = &stack.config().sync;
         cfg.validate()?;
         let record_min = (cfg.value_bytes_max + cfg.key_bytes_max + 64) as u64;
         if log_base.record_bytes_max < record_min {
@@ -140,7 +143,7 @@ impl Engine {
                 log_base.record_bytes_max
             )));
         }
-        let capacity = parts.block.device().info().capacity;
+        let capacity = stack.capacity();
         let layout = Layout::new(capacity, cfg.log_bytes, cfg.dump_pct, 4096)?;
         let vlog_bytes = layout.data.1 * layout.page;
         let record_max = super::record::size(cfg.key_bytes_max, cfg.value_bytes_max);
@@ -150,19 +153,20 @@ impl Engine {
                  ({record_max} bytes): use a larger device or lower engine.value_bytes_max"
             )));
         }
-        let data = parts.cache.add_file("data", layout.data.0, vlog_bytes)?;
-        let dump = parts.cache.add_file("dump", layout.dump.0, layout.dump.1)?;
-        let sb = load_superblock(&parts, &layout)?;
+        stack.reserve("superblocks", SUPERBLOCK_OFFSET, 2 * SUPERBLOCK_BYTES)?;
+        let data = stack.add_file_at("data", layout.data.0, vlog_bytes)?;
+        let dump = stack.add_file_at("dump", layout.dump.0, layout.dump.1)?;
+        let sb = load_superblock(stack.block(), &layout)?;
         let log_cfg = LogConfig {
             region_offset_bytes: layout.log.0,
             region_bytes: layout.log.1,
             ..log_base
         };
-        let (log, recovery) = Log::open(parts.block.clone(), &log_cfg, &parts.sync)?;
-        let opts = |name| parts.sync.options(name);
+        let (log, recovery) = stack.open_log_with(&log_cfg)?;
+        let opts = |name| sync.options(name);
         let range = sb.map_or((0, 0), |s| (s.tail, s.head));
         let vlog = Vlog::new(
-            parts.cache.clone(),
+            stack.cache().clone(),
             data,
             vlog_bytes,
             cfg.live_max_pct,
@@ -173,8 +177,8 @@ impl Engine {
         let inner = Arc::new(Inner {
             cfg,
             layout,
-            block: parts.block,
-            cache: parts.cache,
+            block: stack.block().clone(),
+            cache: stack.cache().clone(),
             dump,
             log,
             epoch: RwLock::with_options((), opts("kv: epoch")),

@@ -55,7 +55,6 @@ use std::thread::JoinHandle;
 
 use critio::block::{BlockError, BlockLayer};
 use critio::cache::{CacheError, FileId, PageCache};
-use critio::config::SyncConfig;
 use critio::log::{Log, LogError};
 use critio::sync::{Condvar, Mutex, RwLock};
 use serde::{Deserialize, Serialize};
@@ -210,6 +209,16 @@ pub enum EngineError {
     Block(#[from] BlockError),
 }
 
+impl From<critio::StackError> for EngineError {
+    fn from(e: critio::StackError) -> Self {
+        match e {
+            critio::StackError::Log(e) => EngineError::Log(e),
+            critio::StackError::Cache(e) => EngineError::Cache(e),
+            other => EngineError::Config(other.to_string()),
+        }
+    }
+}
+
 pub(crate) struct Inner {
     cfg: EngineConfig,
     layout: Layout,
@@ -237,14 +246,4 @@ pub(crate) struct Inner {
 pub struct Engine {
     inner: Arc<Inner>,
     checkpointer: parking_lot::Mutex<Option<JoinHandle<()>>>,
-}
-
-/// The critio layers an engine runs on.
-pub struct Parts {
-    /// The block layer of the device.
-    pub block: Arc<BlockLayer>,
-    /// The page cache over it.
-    pub cache: Arc<PageCache>,
-    /// Sync options (inheritance on or off) for the engine's locks.
-    pub sync: SyncConfig,
 }

@@ -121,8 +121,8 @@ impl Backend {
     pub fn of(stack: &Stack, cfg: &StackConfig) -> Backend {
         Backend {
             engine: stack.engine.clone(),
-            block: stack.block.clone(),
-            cache: stack.cache.clone(),
+            block: stack.io.block().clone(),
+            cache: stack.io.cache().clone(),
             scheme: cfg.scheme,
             device: cfg.device.to_string(),
             engine_config: cfg.engine,

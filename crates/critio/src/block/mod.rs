@@ -46,7 +46,7 @@ pub use sched::{Completed, Location, Promotion, ReqInfo, SchedConfig, SchedCount
 pub use stats::{BlockStats, ClassStats};
 
 use crate::class::Class;
-use crate::config::ConfigError;
+use crate::error::ConfigError;
 use crate::time::{Nanos, MS, US};
 
 /// A request's id, unique within one block layer.

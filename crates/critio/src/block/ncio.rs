@@ -15,9 +15,7 @@ use std::collections::BTreeMap;
 
 use super::ReqId;
 
-/// The largest request the block layer accepts, which bounds how far back a
-/// range lookup must scan.
-pub const IO_LEN_MAX: u64 = 8 << 20;
+pub use crate::device::IO_LEN_MAX;
 
 /// Requests kept unsorted before they spill into the tree. Most requests
 /// complete while only a few others are outstanding, so they never reach

@@ -2,7 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::ConfigError;
+use crate::error::ConfigError;
 
 /// The page cache's configuration.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]

@@ -61,9 +61,10 @@ use self::pending::PendingIo;
 use self::throttle::Throttle;
 use crate::block::{BlockError, BlockLayer};
 use crate::class::Class;
-use crate::config::{ConfigError, SyncConfig};
 use crate::context;
 use crate::device::{AlignedBuf, Op};
+use crate::error::ConfigError;
+use crate::sync::SyncConfig;
 use crate::sync::SyncOptions;
 use crate::time::Clock;
 

@@ -26,6 +26,7 @@
 //! fails with a [`DeviceError`].
 
 mod buf;
+pub mod config;
 pub mod crash;
 pub mod faulty;
 pub mod mem;
@@ -40,8 +41,14 @@ use std::fmt;
 use std::sync::mpsc;
 
 pub use buf::{AlignedBuf, BUF_ALIGN};
+pub use config::{DeviceConfig, PriorityMode};
 pub use open_error::DeviceOpenError;
 pub use spec::{DeviceSpec, OpenOptions};
+
+/// The largest command critio sends to a device: the block layer refuses
+/// longer requests (it also bounds how far back its range lookup scans),
+/// and the write cache and the log size their commands by it.
+pub const IO_LEN_MAX: u64 = 8 << 20;
 
 use crate::class::Class;
 

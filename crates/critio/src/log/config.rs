@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use super::record::encoded_len;
 use super::{BATCH_BYTES_LIMIT, LOG_BLOCK_MIN, RECORD_BYTES_LIMIT};
-use crate::config::ConfigError;
+use crate::error::ConfigError;
 
 /// The `log` section.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -2,7 +2,7 @@
 
 use super::Lsn;
 use crate::block::BlockError;
-use crate::config::ConfigError;
+use crate::error::ConfigError;
 
 /// Why a log operation failed.
 #[derive(Debug, thiserror::Error)]

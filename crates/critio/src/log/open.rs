@@ -28,9 +28,10 @@ use super::{
     SPACE_POINT, STATE_POINT, WRITER_IDLE_POINT, WRITER_THREAD_NAME,
 };
 use crate::block::{BlockError, BlockLayer};
-use crate::config::{ConfigError, SyncConfig};
 use crate::context;
 use crate::device::AlignedBuf;
+use crate::error::ConfigError;
+use crate::sync::SyncConfig;
 use crate::sync::{Condvar, Mutex};
 
 /// What is on the device, read without changing anything.

@@ -18,8 +18,8 @@ use serde::{Deserialize, Serialize};
 
 use super::policy::Policy;
 use super::record::RECORD_BYTES;
-use crate::block::IO_LEN_MAX;
-use crate::config::ConfigError;
+use crate::device::IO_LEN_MAX;
+use crate::error::ConfigError;
 
 /// What an admitted write does when the cache has no free slot.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -240,6 +240,61 @@ impl NvwcConfig {
     }
 }
 
+/// The `[nvwc]` section of a stack's config: a write cache on `device` in
+/// front of the stack's device, configured by `cache`. In the file the
+/// device sits among the cache's own fields:
+///
+/// ```toml
+/// [nvwc]
+/// device = "file:/fast/critio-nvwc.img"   # any device spec; mem and sim are sized to fit
+/// policy = "cp-pi-ioi"
+/// cache_bytes = 67108864
+/// ```
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(try_from = "toml::Table", into = "toml::Table")]
+pub struct WriteCacheConfig {
+    /// The cache device. A memory or simulated device is created with
+    /// [`NvwcConfig::cache_device_bytes`]; a file must be at least that.
+    pub device: crate::device::DeviceSpec,
+    /// The write cache itself.
+    pub cache: NvwcConfig,
+}
+
+impl Default for WriteCacheConfig {
+    fn default() -> Self {
+        Self {
+            device: crate::device::DeviceSpec::Mem,
+            cache: NvwcConfig::default(),
+        }
+    }
+}
+
+impl TryFrom<toml::Table> for WriteCacheConfig {
+    type Error = String;
+
+    fn try_from(mut table: toml::Table) -> Result<Self, String> {
+        let device = match table.remove("device") {
+            None => crate::device::DeviceSpec::Mem,
+            Some(toml::Value::String(s)) => s.parse()?,
+            Some(other) => return Err(format!("nvwc.device must be a string, not {other}")),
+        };
+        let cache =
+            NvwcConfig::deserialize(toml::Value::Table(table)).map_err(|e| format!("nvwc: {e}"))?;
+        Ok(Self { device, cache })
+    }
+}
+
+impl From<WriteCacheConfig> for toml::Table {
+    fn from(c: WriteCacheConfig) -> toml::Table {
+        let mut table = match toml::Value::try_from(c.cache) {
+            Ok(toml::Value::Table(t)) => t,
+            _ => unreachable!("NvwcConfig serializes to a table"),
+        };
+        table.insert("device".into(), toml::Value::String(c.device.to_string()));
+        table
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -348,5 +403,20 @@ mod tests {
         let text = toml::to_string(&c).unwrap();
         assert_eq!(toml::from_str::<NvwcConfig>(&text).unwrap(), c);
         assert!(toml::from_str::<NvwcConfig>("cache_byte = 1").is_err());
+    }
+
+    #[test]
+    fn the_nvwc_section_takes_a_device_among_the_cache_fields() {
+        let text = "device = \"sim:ssd\"\ncache_bytes = 1048576\npolicy = \"all\"\n";
+        let c: WriteCacheConfig = toml::from_str(text).unwrap();
+        assert_eq!(c.device.to_string(), "sim:ssd");
+        assert_eq!(c.cache.cache_bytes, 1 << 20);
+        assert_eq!(c.cache.policy, Policy::All);
+        let back: WriteCacheConfig = toml::from_str(&toml::to_string(&c).unwrap()).unwrap();
+        assert_eq!(back, c);
+        let err = toml::from_str::<WriteCacheConfig>("cache_byte = 1").unwrap_err();
+        assert!(err.to_string().contains("cache_byte"), "{err}");
+        let err = toml::from_str::<WriteCacheConfig>("device = \"nope\"").unwrap_err();
+        assert!(err.to_string().contains("not a device"), "{err}");
     }
 }

@@ -8,8 +8,8 @@
 
 use std::io;
 
-use crate::config::ConfigError;
 use crate::device::{DeviceError, Op};
+use crate::error::ConfigError;
 
 /// Why the write cache refused or failed.
 #[derive(Debug, thiserror::Error)]

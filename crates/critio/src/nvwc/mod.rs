@@ -7,7 +7,8 @@
 //! like any other: the block layer's command hints (`sync`, `foreground`,
 //! the class) are what the admission [`Policy`] decides by, and its
 //! promotion of a request already at the device is what reissues an
-//! in-flight write to the cache ([`WriteCache::attach`]).
+//! in-flight write to the cache ([`WriteCache::reissue_hook`], which the
+//! stack wires into the block layer).
 //!
 //! # The write path
 //!
@@ -109,8 +110,8 @@ use std::thread::JoinHandle;
 use parking_lot::{Condvar, Mutex};
 
 pub use config::{
-    FullPolicy, NvwcConfig, BATCH_BYTES_MAX, BLOCK_BYTES_RANGE, COMMAND_BYTES_MAX, HEADER_BYTES,
-    ROUND_BLOCKS_MAX, SECTOR_BYTES_MAX, SLOTS_MAX,
+    FullPolicy, NvwcConfig, WriteCacheConfig, BATCH_BYTES_MAX, BLOCK_BYTES_RANGE,
+    COMMAND_BYTES_MAX, HEADER_BYTES, ROUND_BLOCKS_MAX, SECTOR_BYTES_MAX, SLOTS_MAX,
 };
 pub use error::NvwcError;
 pub use policy::{ParsePolicyError, Policy};
@@ -119,7 +120,6 @@ pub use reissue::Reissue;
 pub use stats::NvwcStats;
 
 use self::core::Core;
-use crate::block::BlockLayer;
 use crate::device::{Command, Completer, Completion, Device, DeviceError, DeviceInfo, Op};
 use crate::time::{Clock, Nanos};
 use flush::GroupFlush;
@@ -264,21 +264,20 @@ impl WriteCache {
         })
     }
 
-    /// Makes `block` (a block layer over this write cache) reissue the
-    /// requests it promotes at the device: its at-device hook calls
-    /// [`WriteCache::reissue`]. Panics if `block` is over another device.
-    pub fn attach(self: &Arc<Self>, block: &BlockLayer) {
-        assert!(
-            std::ptr::addr_eq(Arc::as_ptr(block.device()), Arc::as_ptr(self)),
-            "attach: the block layer is over {}, not this write cache",
-            block.device().info().name
-        );
+    /// The hook a block layer over this write cache calls with the tag of
+    /// each request it promotes while the request is at the device: it
+    /// runs [`WriteCache::reissue`]. Whoever assembles the stack wires it
+    /// (`block.set_at_device_hook(wc.reissue_hook())`, as
+    /// [`crate::stack::Stack`] does), so the write cache needs nothing from
+    /// the block layer above it. The hook holds the cache weakly: once the
+    /// cache is dropped it does nothing.
+    pub fn reissue_hook(&self) -> Arc<dyn Fn(u64) + Send + Sync> {
         let weak = Arc::downgrade(&self.shared);
-        block.set_at_device_hook(Arc::new(move |id| {
+        Arc::new(move |tag| {
             if let Some(shared) = weak.upgrade() {
-                shared.reissue(id);
+                shared.reissue(tag);
             }
-        }));
+        })
     }
 
     /// I/O criticality inheritance at the device: if the bypassed write

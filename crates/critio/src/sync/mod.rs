@@ -26,6 +26,7 @@
 //! critical, so the I/O they issue is served first by every layer below.
 
 mod condvar;
+mod config;
 mod event;
 mod fair;
 mod helpers;
@@ -36,6 +37,7 @@ mod waiters;
 use std::time::Duration;
 
 pub use condvar::{Condvar, WaitTimeoutResult};
+pub use config::{SyncConfig, HELPER_WINDOW_MS_RANGE};
 pub use event::Event;
 pub use mutex::{Mutex, MutexGuard};
 pub use rwlock::{RwLock, RwLockReadGuard, RwLockWriteGuard};
