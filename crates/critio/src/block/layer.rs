@@ -25,13 +25,14 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::thread::JoinHandle;
+use std::time::Duration;
 
 use parking_lot::{Condvar, Mutex};
 
 use super::request::{IoHandle, IoState};
 use super::sched::{Promotion, ReqInfo, Scheduler};
 use super::stats::StatsAcc;
-use super::{BlockConfig, BlockStats, ReqId, IO_LEN_MAX};
+use super::{BlockConfig, BlockStats, ClassBuckets, ReqId, IO_LEN_MAX};
 use crate::class::Class;
 use crate::context::{self, Blocker, BlockingStatus, InheritKind, TaskRef, WaitScope};
 use crate::device::{validate, AlignedBuf, Command, Completion, Device, DeviceError, IoHint, Op};
@@ -252,6 +253,15 @@ impl BlockLayer {
             sched.cap_view(),
             sched.pacing_rate(),
         )
+    }
+
+    /// Each class's admission wait, queue wait and device time histograms
+    /// read at `bounds` (cumulative counts, count, sum), critical first:
+    /// what a Prometheus exporter exposes. Computed under the core lock (a
+    /// pass over each histogram), so meant for a scrape every few seconds,
+    /// not for every request.
+    pub fn latency_buckets(&self, bounds: &[Duration]) -> Vec<ClassBuckets> {
+        self.inner.core.lock().stats.buckets(bounds)
     }
 
     /// Where an outstanding request is.

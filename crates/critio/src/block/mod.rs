@@ -43,7 +43,7 @@ pub use layer::{BlockError, BlockLayer};
 pub use ncio::IO_LEN_MAX;
 pub use request::IoHandle;
 pub use sched::{Completed, Location, Promotion, ReqInfo, SchedConfig, SchedCounters, Scheduler};
-pub use stats::{BlockStats, ClassStats};
+pub use stats::{BlockStats, ClassBuckets, ClassStats};
 
 use crate::class::Class;
 use crate::error::ConfigError;

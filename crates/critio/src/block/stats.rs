@@ -6,12 +6,19 @@
 //! zero waits are counted apart (an increment instead of a histogram
 //! record) and folded into the histograms when the stats are read, which
 //! gives the same figures as recording each one.
+//!
+//! [`BlockLayer::stats`](super::BlockLayer::stats) gives each histogram's
+//! summary; [`BlockLayer::latency_buckets`](super::BlockLayer::latency_buckets)
+//! its counts at given bucket bounds (for a Prometheus exporter), read under
+//! the same lock so as not to copy the histograms.
+
+use std::time::Duration;
 
 use serde::Serialize;
 
 use super::sched::{Completed, SchedCounters};
 use crate::class::Class;
-use crate::metrics::{LatencyHistogram, LatencySummary};
+use crate::metrics::{BucketCounts, LatencyHistogram, LatencySummary};
 use crate::time::Nanos;
 
 /// A histogram of waits whose zero samples are counted apart until read.
@@ -30,12 +37,21 @@ impl Waits {
         }
     }
 
-    fn summary(&mut self) -> LatencySummary {
+    /// The histogram with the zeros counted apart folded in.
+    fn hist(&mut self) -> &LatencyHistogram {
         if self.zeros > 0 {
             self.hist.record_nanos_n(0, self.zeros);
             self.zeros = 0;
         }
-        self.hist.summary()
+        &self.hist
+    }
+
+    fn summary(&mut self) -> LatencySummary {
+        self.hist().summary()
+    }
+
+    fn buckets(&mut self, bounds: &[Duration]) -> BucketCounts {
+        self.hist().buckets(bounds)
     }
 }
 
@@ -92,6 +108,32 @@ impl StatsAcc {
             pacing_mib_s: pacing.map(|b| b / f64::from(1 << 20)),
         }
     }
+
+    pub(crate) fn buckets(&mut self, bounds: &[Duration]) -> Vec<ClassBuckets> {
+        Vec::from(Class::ALL.map(|cl| {
+            let c = &mut self.classes[cl.index()];
+            ClassBuckets {
+                class: cl,
+                admission_wait: c.admission_wait.buckets(bounds),
+                queue_wait: c.queue_wait.buckets(bounds),
+                device_time: c.device_time.buckets(bounds),
+            }
+        }))
+    }
+}
+
+/// One class's latency histograms at fixed bucket bounds
+/// ([`BlockLayer::latency_buckets`](super::BlockLayer::latency_buckets)).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClassBuckets {
+    /// The class.
+    pub class: Class,
+    /// Submission to admission.
+    pub admission_wait: BucketCounts,
+    /// Admission to dispatch.
+    pub queue_wait: BucketCounts,
+    /// Dispatch to completion.
+    pub device_time: BucketCounts,
 }
 
 /// What one class got.
@@ -153,5 +195,14 @@ mod tests {
         apart.record(0);
         direct.record_nanos(0);
         assert_eq!(apart.summary(), direct.summary(), "read twice");
+        let bounds = [Duration::from_micros(10), Duration::from_millis(1)];
+        apart.record(0);
+        direct.record_nanos(0);
+        assert_eq!(apart.buckets(&bounds), direct.buckets(&bounds));
+        assert_eq!(
+            apart.buckets(&bounds).cumulative,
+            vec![7, 8],
+            "6 zeros, 5 µs"
+        );
     }
 }

@@ -1,5 +1,6 @@
 //! A latency histogram (hdrhistogram, nanoseconds, 3 significant digits)
-//! with the summary every critio table prints.
+//! with the summary every critio table prints, and its counts at fixed
+//! bucket bounds (what a Prometheus histogram exposes).
 
 use std::time::Duration;
 
@@ -106,6 +107,46 @@ impl LatencyHistogram {
         points
     }
 
+    /// The samples at or below each of `bounds` (cumulative), the count and
+    /// the sum: the figures of a Prometheus histogram with these bucket
+    /// bounds (its `+Inf` bucket is `count`). A sample counts at a bound
+    /// when its recorded value (to the histogram's 3 significant digits,
+    /// the lowest value of its HDR bucket) is at most the bound, so a
+    /// count may include samples up to 0.1% above its bound. `bounds` must
+    /// increase strictly. One pass over the histogram's counts.
+    pub fn buckets(&self, bounds: &[Duration]) -> BucketCounts {
+        assert!(
+            bounds.windows(2).all(|w| w[0] < w[1]),
+            "bucket bounds must increase: {bounds:?}"
+        );
+        let bounds_ns: Vec<u64> = bounds
+            .iter()
+            .map(|b| b.as_nanos().min(u128::from(u64::MAX)) as u64)
+            .collect();
+        // Samples whose value lies in (bounds[i-1], bounds[i]], then summed.
+        let mut per_bucket = vec![0u64; bounds.len()];
+        let mut i = 0;
+        for v in self.hist.iter_recorded() {
+            let value = self.hist.lowest_equivalent(v.value_iterated_to());
+            while i < bounds_ns.len() && value > bounds_ns[i] {
+                i += 1;
+            }
+            if i == bounds_ns.len() {
+                break; // above every bound: only in the count
+            }
+            per_bucket[i] += v.count_at_value();
+        }
+        let mut cumulative = per_bucket;
+        for j in 1..cumulative.len() {
+            cumulative[j] += cumulative[j - 1];
+        }
+        BucketCounts {
+            cumulative,
+            count: self.count(),
+            sum: self.total(),
+        }
+    }
+
     /// The usual summary: count, mean, p50, p99, p99.9, p99.99, max.
     pub fn summary(&self) -> LatencySummary {
         LatencySummary {
@@ -143,6 +184,20 @@ pub struct LatencySummary {
     pub max_us: f64,
 }
 
+/// A histogram's counts at fixed bucket bounds
+/// ([`LatencyHistogram::buckets`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct BucketCounts {
+    /// Samples at or below each bound, in the bounds' order: cumulative,
+    /// so never decreasing, and at most `count`.
+    pub cumulative: Vec<u64>,
+    /// Every sample (what a `+Inf` bucket holds).
+    pub count: u64,
+    /// The sum of the samples (approximated bucket by bucket, as
+    /// [`LatencyHistogram::total`]).
+    pub sum: Duration,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -174,6 +229,41 @@ mod tests {
         assert_eq!(c.first().unwrap().1, 1.0);
         assert!(c.windows(2).all(|w| w[0].1 > w[1].1 && w[0].0 < w[1].0));
         assert_eq!(c.last().unwrap().1, 0.25);
+    }
+
+    #[test]
+    fn buckets_are_cumulative_counts_at_each_bound() {
+        let mut h = LatencyHistogram::new();
+        // 10 µs, 3x 25 µs (on the bound), 100 µs, 2 ms, 20 s (above all).
+        for us in [10u64, 25, 25, 25, 100, 2_000, 20_000_000] {
+            h.record(Duration::from_micros(us));
+        }
+        let bounds = [
+            Duration::from_micros(5),
+            Duration::from_micros(25),
+            Duration::from_micros(50),
+            Duration::from_millis(1),
+            Duration::from_secs(10),
+        ];
+        let b = h.buckets(&bounds);
+        assert_eq!(b.cumulative, vec![0, 4, 4, 5, 6]);
+        assert_eq!(b.count, 7);
+        let exact = Duration::from_micros(10 + 75 + 100 + 2_000 + 20_000_000);
+        let err = (b.sum.as_secs_f64() - exact.as_secs_f64()).abs() / exact.as_secs_f64();
+        assert!(err < 0.001, "sum {:?} vs {exact:?}", b.sum);
+        // Zero-length waits (recorded as 1 ns) are under every bound.
+        h.record_nanos_n(0, 3);
+        assert_eq!(h.buckets(&bounds).cumulative, vec![3, 7, 7, 8, 9]);
+        let empty = LatencyHistogram::new().buckets(&bounds);
+        assert_eq!(empty.cumulative, vec![0; 5]);
+        assert_eq!((empty.count, empty.sum), (0, Duration::ZERO));
+    }
+
+    #[test]
+    #[should_panic(expected = "must increase")]
+    fn bucket_bounds_must_increase() {
+        let d = Duration::from_micros(1);
+        LatencyHistogram::new().buckets(&[d, d]);
     }
 
     #[test]

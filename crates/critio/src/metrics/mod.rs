@@ -34,7 +34,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-pub use latency::{LatencyHistogram, LatencySummary, LATENCY_MAX};
+pub use latency::{BucketCounts, LatencyHistogram, LatencySummary, LATENCY_MAX};
 use waits::WaitTables;
 
 use crate::class::Class;
@@ -135,6 +135,21 @@ impl Metrics {
         }
     }
 
+    /// Every wait point's histogram of each class read at `bounds`
+    /// (cumulative counts, count, sum; see [`LatencyHistogram::buckets`]),
+    /// in name order: what a Prometheus exporter exposes.
+    pub fn wait_buckets(&self, bounds: &[Duration]) -> Vec<WaitPointBuckets> {
+        self.waits
+            .merged()
+            .iter()
+            .map(|(&(point, class), h)| WaitPointBuckets {
+                point: point.to_owned(),
+                class,
+                buckets: h.buckets(bounds),
+            })
+            .collect()
+    }
+
     /// Forgets everything recorded so far.
     pub fn reset(&self) {
         self.waits.clear();
@@ -164,6 +179,18 @@ pub struct WaitPointStats {
     pub class: Class,
     /// Wait time distribution.
     pub latency: LatencySummary,
+}
+
+/// Waits at one wait point by one class, at fixed bucket bounds
+/// ([`Metrics::wait_buckets`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WaitPointBuckets {
+    /// The wait point's name.
+    pub point: String,
+    /// The class of the waiting tasks.
+    pub class: Class,
+    /// Wait times at the bounds asked for.
+    pub buckets: BucketCounts,
 }
 
 /// Inheritance events of one kind.
@@ -230,5 +257,36 @@ impl MetricsSnapshot {
             .iter()
             .find(|c| c.kind == kind)
             .map_or(0, |c| c.boosts)
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wait_buckets_match_each_wait_points_histogram() {
+        let m = Metrics::default();
+        for us in [5u64, 40, 300] {
+            m.record_wait("t: b", Class::Critical, Duration::from_micros(us));
+        }
+        m.record_wait("t: a", Class::NonCritical, Duration::from_millis(20));
+        let bounds = [Duration::from_micros(10), Duration::from_millis(1)];
+        let rows = m.wait_buckets(&bounds);
+        let names: Vec<_> = rows.iter().map(|r| (r.point.as_str(), r.class)).collect();
+        assert_eq!(
+            names,
+            [("t: a", Class::NonCritical), ("t: b", Class::Critical)],
+            "in name order"
+        );
+        assert_eq!(rows[0].buckets.cumulative, vec![0, 0]);
+        assert_eq!(rows[0].buckets.count, 1);
+        assert_eq!(rows[1].buckets.cumulative, vec![1, 3]);
+        assert_eq!(
+            rows[1].buckets,
+            m.wait_histogram("t: b", Class::Critical).buckets(&bounds)
+        );
+        m.reset();
+        assert!(m.wait_buckets(&bounds).is_empty());
     }
 }
