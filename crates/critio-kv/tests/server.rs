@@ -704,6 +704,7 @@ fn device_failure_fails_writes_and_never_acknowledges_them() {
         device: "faulty:mem".into(),
         engine_config: sc.engine,
         data_dir: None,
+        write_cache: None,
     };
     let server = Server::start(server_config(), backend).unwrap();
     let mut c = client(server.local_addr());

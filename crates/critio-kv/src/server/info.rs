@@ -319,7 +319,7 @@ fn critio_section(s: &Shared, out: &mut String) {
     block(s, out);
     cache(s, out);
     log(s, out);
-    inheritance(out);
+    inheritance(s, out);
 }
 
 fn block(s: &Shared, out: &mut String) {
@@ -397,8 +397,8 @@ fn log(s: &Shared, out: &mut String) {
     kv(out, "vlog_capacity_bytes", size);
 }
 
-fn inheritance(out: &mut String) {
-    let m = critio::metrics::global().snapshot();
+fn inheritance(s: &Shared, out: &mut String) {
+    let m = s.backend.metrics().snapshot();
     for kind in InheritKind::ALL {
         let c = m.inheritance.iter().find(|c| c.kind == kind);
         let (b, r, x) = c.map_or((0, 0, 0), |c| (c.boosts, c.revocations, c.resolutions));

@@ -57,6 +57,7 @@ use std::time::{Duration, Instant};
 
 use critio::block::BlockLayer;
 use critio::cache::PageCache;
+use critio::nvwc::WriteCache;
 use parking_lot::{Condvar, Mutex};
 
 pub use config::{FileConfig, ServerConfig, MAX_CLIENTS_LIMIT, MAX_FRAME_BYTES_RANGE, WORKERS_MAX};
@@ -114,6 +115,9 @@ pub struct Backend {
     pub engine_config: EngineConfig,
     /// The data directory, if there is one (CONFIG GET dir).
     pub data_dir: Option<PathBuf>,
+    /// The write cache in front of the device, if there is one (its
+    /// figures are exported with the metrics).
+    pub write_cache: Option<Arc<WriteCache>>,
 }
 
 impl Backend {
@@ -127,7 +131,15 @@ impl Backend {
             device: cfg.device.to_string(),
             engine_config: cfg.engine,
             data_dir: None,
+            write_cache: stack.write_cache.clone(),
         }
+    }
+
+    /// The registry of wait-point histograms and inheritance counters the
+    /// stack records into, for INFO and the metrics endpoint. Every reader
+    /// in the server gets it here: today the process-wide one.
+    pub fn metrics(&self) -> &critio::metrics::Metrics {
+        critio::metrics::global()
     }
 }
 
