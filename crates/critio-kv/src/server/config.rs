@@ -12,6 +12,7 @@
 //! shutdown_timeout_ms = 10000 # how long a stop waits for commands in flight
 //! requirepass = ""            # clients must AUTH with it ("": no password)
 //! protected_mode = true       # no password: serve only loopback clients
+//! metrics = ""                # serve Prometheus metrics at http://ADDR/metrics ("": off)
 //!
 //! [engine]                    # crate::engine::EngineConfig
 //! checkpoint_interval_ms = 10000
@@ -82,6 +83,12 @@ pub struct ServerConfig {
     /// from anywhere but the loopback interface are refused with Redis's
     /// DENIED message. Default true.
     pub protected_mode: bool,
+    /// Where to serve Prometheus metrics (`http://ADDR/metrics`, the text
+    /// exposition format; see the `prom` module for what is exported), an
+    /// address and port such as `127.0.0.1:9190`. Default `""`: off. The
+    /// endpoint has no authentication: bind it where only the scrapers
+    /// reach.
+    pub metrics: String,
 }
 
 /// The most request workers.
@@ -104,6 +111,7 @@ impl Default for ServerConfig {
             shutdown_timeout_ms: 10_000,
             requirepass: String::new(),
             protected_mode: true,
+            metrics: String::new(),
         }
     }
 }
@@ -136,6 +144,13 @@ impl ServerConfig {
                 "server.bind",
                 &self.bind,
                 "must be an address and port such as 127.0.0.1:6390",
+            ));
+        }
+        if !self.metrics.is_empty() && self.metrics.parse::<std::net::SocketAddr>().is_err() {
+            return Err(invalid(
+                "server.metrics",
+                &self.metrics,
+                "must be an address and port such as 127.0.0.1:9190, or \"\" for no metrics",
             ));
         }
         if self.workers > WORKERS_MAX {
@@ -284,10 +299,12 @@ mod tests {
 
     #[test]
     fn sections_merge_over_the_serve_defaults() {
-        let text = "[server]\nmax_clients = 4\n[engine]\ndump_pct = 40\n\
+        let text =
+            "[server]\nmax_clients = 4\nmetrics = \"127.0.0.1:9190\"\n[engine]\ndump_pct = 40\n\
                     [cache]\ncapacity_bytes = 1048576\n[log]\nbatch_bytes_max = 6291456\n";
         let f = FileConfig::from_toml_str(text).unwrap();
         assert_eq!(f.server.max_clients, 4);
+        assert_eq!(f.server.metrics, "127.0.0.1:9190");
         assert_eq!(f.engine.dump_pct, 40);
         assert_eq!(f.critio.cache.capacity_bytes, 1 << 20);
         assert_eq!(f.critio.log.batch_bytes_max, 6 << 20);
@@ -316,6 +333,7 @@ mod tests {
             ("[server]\nmax_clients = 0", "server.max_clients"),
             ("[server]\nworkers = 1000", "server.workers"),
             ("[server]\nbind = \"nowhere\"", "server.bind"),
+            ("[server]\nmetrics = \"9190\"", "server.metrics"),
             ("[server]\nmax_frame_bytes = 10", "server.max_frame_bytes"),
             ("[server]\nmax_clientz = 3", "max_clientz"),
             ("[engine]\nlive_max_pct = 95", "engine.live_max_pct"),

@@ -32,6 +32,8 @@
 //! | `admin`   | PING, HELLO, AUTH, INFO, CONFIG, SAVE, BGSAVE, COMMAND, ... |
 //! | `clients` | the connected clients: CLIENT LIST, INFO, KILL, SETNAME |
 //! | `info`    | INFO's sections                                        |
+//! | `prom`    | the same figures as Prometheus metrics (`[server] metrics`) |
+//! | `prom_http` | the metrics endpoint: `GET /metrics` on its own thread |
 //! | `reply`   | replies and their encoding                             |
 
 mod admin;
@@ -43,6 +45,8 @@ mod data;
 mod frame;
 mod info;
 mod multi;
+mod prom;
+mod prom_http;
 mod reply;
 mod worker;
 
@@ -62,6 +66,7 @@ use parking_lot::{Condvar, Mutex};
 
 pub use config::{FileConfig, ServerConfig, MAX_CLIENTS_LIMIT, MAX_FRAME_BYTES_RANGE, WORKERS_MAX};
 pub use frame::{parse, split_args, Args, Limits, Parsed, ProtocolError, INLINE_BYTES_MAX};
+pub use prom::LATENCY_BUCKETS as METRICS_LATENCY_BUCKETS;
 pub use reply::Reply;
 
 use crate::engine::{Engine, EngineConfig};
@@ -87,6 +92,14 @@ pub enum ServerError {
     /// The address cannot be bound.
     #[error("cannot listen on {addr}: {source} (is another server using the port?)")]
     Bind {
+        /// The address.
+        addr: String,
+        /// Why.
+        source: io::Error,
+    },
+    /// The metrics address cannot be bound.
+    #[error("cannot serve metrics on {addr}: {source} (is another server using the port?)")]
+    MetricsBind {
         /// The address.
         addr: String,
         /// Why.
@@ -281,10 +294,11 @@ pub struct Server {
     acceptor: Option<JoinHandle<()>>,
     workers: Vec<(Arc<worker::Mailbox>, JoinHandle<()>)>,
     readers: Vec<JoinHandle<()>>,
+    metrics: Option<prom_http::Endpoint>,
 }
 
 impl Server {
-    /// Binds `cfg.bind` and starts accepting.
+    /// Binds `cfg.bind` (and `cfg.metrics`, if set) and starts accepting.
     pub fn start(cfg: ServerConfig, backend: Backend) -> Result<Server, ServerError> {
         cfg.validate()?;
         let listener = TcpListener::bind(&cfg.bind).map_err(|source| ServerError::Bind {
@@ -295,6 +309,10 @@ impl Server {
             addr: cfg.bind.clone(),
             source,
         })?;
+        let metrics_listener = match cfg.metrics.as_str() {
+            "" => None,
+            at => Some(prom_http::bind(at)?),
+        };
         let (misses, miss_jobs) = match cfg.miss_readers {
             0 => (None, None),
             _ => {
@@ -325,6 +343,7 @@ impl Server {
             acceptor: None,
             workers: Vec::new(),
             readers: Vec::new(),
+            metrics: None,
         };
         for i in 0..shared.cfg.miss_readers {
             let (s, jobs) = (shared.clone(), miss_jobs.clone().expect("a queue"));
@@ -342,6 +361,10 @@ impl Server {
                 .spawn(move || worker::run(&s, &m))
                 .map_err(ServerError::Spawn)?;
             server.workers.push((mailbox, thread));
+        }
+        if let Some(l) = metrics_listener {
+            let registry = prom::registry(shared.clone());
+            server.metrics = Some(prom_http::Endpoint::start(l, registry)?);
         }
         let mailboxes: Vec<_> = server.workers.iter().map(|(m, _)| m.clone()).collect();
         server.acceptor = Some(
@@ -361,6 +384,19 @@ impl Server {
     /// Clients connected now.
     pub fn connected(&self) -> usize {
         self.shared.connected()
+    }
+
+    /// Where the metrics are served (`http://ADDR/metrics`), if they are
+    /// (`cfg.metrics` set), with the port chosen if it gave 0.
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics.as_ref().map(prom_http::Endpoint::addr)
+    }
+
+    /// The Prometheus text exposition a scrape of `/metrics` would get now
+    /// (whether or not the endpoint is on).
+    pub fn metrics_text(&self) -> String {
+        prom::render(&prom::registry(self.shared.clone()))
+            .expect("encoding into a String does not fail")
     }
 
     /// The text `INFO` would reply with for `sections` (all if empty).
@@ -386,6 +422,9 @@ impl Server {
         if let Some(acceptor) = self.acceptor.take() {
             wake_acceptor(self.shared.addr);
             let _ = acceptor.join();
+        }
+        if let Some(mut metrics) = self.metrics.take() {
+            metrics.stop();
         }
         let deadline = Instant::now() + Duration::from_millis(self.shared.cfg.shutdown_timeout_ms);
         for (mailbox, _) in &self.workers {
