@@ -1,16 +1,18 @@
 //! The metrics endpoint end to end: a server on an in-memory store with
 //! `metrics` on, a few SETs and GETs, then `/metrics` scraped over a plain
 //! socket as Prometheus would, other paths and methods refused, a busy
-//! metrics address refused at start, and the endpoint gone after a stop.
+//! metrics address refused at start, the endpoint gone after a stop, and
+//! a write cache's figures exported when there is one.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::time::Duration;
 
 use critio::device::DeviceSpec;
+use critio::nvwc::NvwcConfig;
 use critio_kv::engine::EngineConfig;
 use critio_kv::server::{Backend, Server, ServerConfig};
-use critio_kv::stack::{default_critio_config, Stack, StackConfig};
+use critio_kv::stack::{default_critio_config, Stack, StackConfig, WriteCacheSpec};
 use redis::Commands;
 
 const MIB: u64 = 1 << 20;
@@ -97,7 +99,10 @@ fn metrics_are_scraped_over_http_and_stop_with_the_server() {
     );
     let critical = sample(&body, "critio_block_completions_total{class=\"critical\"}")
         .unwrap_or_else(|| panic!("no critical completion counter in:\n{body}"));
-    assert!(critical > 0.0, "the SAVE's writes at least are critical:\n{body}");
+    assert!(
+        critical > 0.0,
+        "the SAVE's writes at least are critical:\n{body}"
+    );
     assert!(
         body.contains("# TYPE critio_block_device_time_seconds histogram"),
         "{body}"
@@ -174,4 +179,33 @@ fn a_busy_metrics_address_fails_the_start_and_names_it() {
     assert!(server
         .metrics_text()
         .contains("# TYPE critio_block_completions_total counter"));
+}
+
+#[test]
+fn a_write_cache_adds_its_figures() {
+    let sc = StackConfig {
+        write_cache: Some(WriteCacheSpec {
+            device: DeviceSpec::Mem,
+            config: NvwcConfig {
+                cache_bytes: 4 * MIB,
+                ..NvwcConfig::default()
+            },
+        }),
+        ..stack_config()
+    };
+    let stack = Stack::open(&sc).unwrap();
+    let server = Server::start(server_config(""), Backend::of(&stack, &sc)).unwrap();
+    let text = server.metrics_text();
+    assert!(
+        sample(&text, "critio_write_cache_writes_total").is_some(),
+        "{text}"
+    );
+    assert!(
+        sample(&text, "critio_write_cache_slots").is_some_and(|n| n > 0.0),
+        "{text}"
+    );
+    let plain = stack_config();
+    let stack = Stack::open(&plain).unwrap();
+    let server = Server::start(server_config(""), Backend::of(&stack, &plain)).unwrap();
+    assert!(!server.metrics_text().contains("critio_write_cache_"));
 }
