@@ -4,7 +4,8 @@
 //!  --data DIR ──> DIR/critio-sim.img (--device sim: the simulated SSD, data in a file)
 //!             └─> DIR/critio.img     (--device file: io_uring + O_DIRECT; pool: pread/pwrite)
 //!  open: the image's own size if it exists (recovery), else --capacity
-//!  run:  Stack::open (recover) ─> Server::start ─> wait for SIGINT / SIGTERM
+//!  run:  Stack::open (recover) ─> Server::start (and --metrics ADDR:
+//!        http://ADDR/metrics) ─> wait for SIGINT / SIGTERM
 //!  stop: no more accepts ─> commands in flight finish ─> engine.close()
 //!        (a final checkpoint) ─> exit 0
 //! ```
@@ -46,6 +47,10 @@ pub struct ServeArgs {
     /// not connect over loopback (default yes, or [server] protected_mode).
     #[arg(long, value_name = "yes|no", value_parser = parse_yes_no)]
     protected_mode: Option<bool>,
+    /// Serve Prometheus metrics at http://ADDR/metrics (e.g.
+    /// 127.0.0.1:9190; or [server] metrics). Off by default.
+    #[arg(long, value_name = "ADDR")]
+    metrics: Option<String>,
     /// The data directory (created if missing).
     #[arg(long, value_name = "DIR", default_value = "critio-data")]
     data: PathBuf,
@@ -301,6 +306,9 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
     if let Some(on) = args.protected_mode {
         file.server.protected_mode = on;
     }
+    if let Some(addr) = &args.metrics {
+        file.server.metrics = addr.clone();
+    }
     let server_cfg = file.server.clone();
     server_cfg.validate().map_err(|e| e.to_string())?;
     let (stack, stack_cfg, dir) = open_store(&args, file)?;
@@ -318,6 +326,9 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
         stack_cfg.scheme,
         stack.engine.dbsize()
     );
+    if let Some(addr) = server.metrics_addr() {
+        println!("critio-kv: Prometheus metrics at http://{addr}/metrics");
+    }
     let _ = std::io::stdout().flush();
     let signal = signals.forever().next().unwrap_or(SIGTERM);
     let name = if signal == SIGINT {
