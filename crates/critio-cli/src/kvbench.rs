@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use critio::config::Config;
 use critio::device::DeviceSpec;
-use critio::metrics::{self, LatencyHistogram, MetricsSnapshot};
+use critio::metrics::{LatencyHistogram, MetricsSnapshot};
 use critio_kv::engine::EngineConfig;
 use critio_kv::server::{Backend, Server, ServerConfig};
 use critio_kv::stack::default_critio_config;
@@ -235,7 +235,7 @@ pub(crate) fn measure_window<T>(
         .collect();
     progress.set_message("warming up");
     std::thread::sleep(Duration::from_secs_f64(w.warmup_s));
-    metrics::global().reset();
+    stack.io.metrics().reset();
     let before = observe();
     measure.store(true, Ordering::Relaxed);
     let start = Instant::now();
@@ -247,7 +247,7 @@ pub(crate) fn measure_window<T>(
     }
     measure.store(false, Ordering::Relaxed);
     let elapsed = start.elapsed().as_secs_f64();
-    let waits = metrics::global().snapshot();
+    let waits = stack.io.metrics().snapshot();
     let after = observe();
     stop.store(true, Ordering::Relaxed);
     let mut latency = LatencyHistogram::new();

@@ -65,7 +65,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // Writers hold `epoch` shared from logging to applying; the checkpoint
     // takes it exclusively for an instant, so every record it truncates is
     // in the cache before the flush.
-    let epoch = Arc::new(RwLock::with_options((), config.sync.options("store: epoch")));
+    let epoch = Arc::new(RwLock::with_options(
+        (),
+        config.sync.options("store: epoch"),
+    ));
     let log = Arc::new(log);
     let stop = Arc::new(AtomicBool::new(false));
 

@@ -36,7 +36,9 @@ use crate::config::Config;
 use crate::device::{Device, DeviceOpenError, OpenOptions};
 use crate::error::ConfigError;
 use crate::log::{Log, LogConfig, LogError, Recovery};
+use crate::metrics::{Metrics, MetricsHandle};
 use crate::nvwc::WriteCache;
+use crate::sync::SyncOptions;
 
 /// A named region of the device.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -160,6 +162,7 @@ impl Stack {
     /// its own, a fault injector); `config.device` is not used.
     pub fn over(device: Arc<dyn Device>, config: &Config) -> Result<Stack, StackError> {
         config.validate()?;
+        let metrics = MetricsHandle::new_registry();
         let mut device = device;
         let write_cache = match &config.nvwc {
             None => None,
@@ -177,6 +180,7 @@ impl Stack {
                     WriteCache::new(cache_dev, device, wc.cache)
                         .map_err(|e| StackError::WriteCache(e.to_string()))?,
                 );
+                wc.record_waits_in(metrics.clone());
                 device = wc.clone();
                 Some(wc)
             }
@@ -188,7 +192,11 @@ impl Stack {
         if let Err(why) = crate::context::set_background_nice(config.context.background_nice) {
             notes.push(format!("context.background_nice: {why}"));
         }
-        let block = Arc::new(BlockLayer::new(device.clone(), config.block)?);
+        let block = Arc::new(BlockLayer::with_metrics(
+            device.clone(),
+            config.block,
+            metrics.clone(),
+        )?);
         if let Some(wc) = &write_cache {
             block.set_at_device_hook(wc.reissue_hook());
         }
@@ -217,6 +225,26 @@ impl Stack {
     /// The device's size in bytes.
     pub fn capacity(&self) -> u64 {
         self.device.info().capacity
+    }
+
+    /// This stack's wait-point registry: every wait on its block layer,
+    /// page cache, log and write cache, and on the locks made with
+    /// [`Stack::sync_options`]. (Inheritance counters are per process:
+    /// a task's inheritance is not one stack's.)
+    pub fn metrics(&self) -> &Metrics {
+        self.block.metrics().get()
+    }
+
+    /// The handle of [`Stack::metrics`], to record other waits there.
+    pub fn metrics_handle(&self) -> &MetricsHandle {
+        self.block.metrics()
+    }
+
+    /// Options for a lock or condition variable of the application built
+    /// on this stack: the config's `[sync]` switches, its waits recorded
+    /// in [`Stack::metrics`] under wait point `name`.
+    pub fn sync_options(&self, name: &'static str) -> SyncOptions {
+        self.config.sync.options_in(name, self.block.metrics())
     }
 
     /// The write cache, if the config has one.
@@ -462,5 +490,37 @@ mod tests {
         let before = wc.stats().cached_writes;
         log.append_commit(b"through the write cache").unwrap();
         assert!(wc.stats().cached_writes > before);
+    }
+
+    #[test]
+    fn each_stack_records_its_own_waits() {
+        let (a, b) = (
+            Stack::open(&small()).unwrap(),
+            Stack::open(&small()).unwrap(),
+        );
+        assert_ne!(a.metrics_handle(), b.metrics_handle());
+        let (log, _) = a.open_log().unwrap();
+        let lock = a.sync_options("t: stack lock");
+        let lock = Arc::new(crate::sync::Mutex::with_options(0u32, lock));
+        std::thread::scope(|s| {
+            let held = lock.lock();
+            let waiter = s.spawn(|| {
+                let _fg = crate::context::foreground();
+                log.append_commit(b"a critical commit").unwrap();
+                *lock.lock() += 1;
+            });
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            drop(held);
+            waiter.join().unwrap();
+        });
+        let count = |m: &Metrics, point| m.wait_histogram(point, crate::Class::Critical).count();
+        assert!(count(a.metrics(), "log: commit wait") >= 1);
+        assert_eq!(count(a.metrics(), "t: stack lock"), 1);
+        assert_eq!(count(b.metrics(), "log: commit wait"), 0);
+        // (Other tests may commit on logs without a stack, into the global
+        // registry; the lock's name is this test's alone.)
+        for other in [b.metrics(), crate::metrics::global()] {
+            assert_eq!(count(other, "t: stack lock"), 0);
+        }
     }
 }

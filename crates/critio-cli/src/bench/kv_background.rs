@@ -273,8 +273,8 @@ fn percentile_line(line: &str) -> Option<(f64, f64)> {
     Some((pct.parse().ok()?, ms.parse().ok()?))
 }
 
-fn critical_waits() -> Vec<(String, u64, f64, f64)> {
-    let m = critio::metrics::global().snapshot();
+fn critical_waits(stack: &Stack) -> Vec<(String, u64, f64, f64)> {
+    let m = stack.io.metrics().snapshot();
     let mut w: Vec<_> = m
         .wait_points
         .iter()
@@ -303,7 +303,7 @@ fn run_scheme(scheme: Scheme, p: Params, device: &DeviceSpec) -> Result<SchemeRe
     };
     let server = Server::start(server_cfg, Backend::of(&stack, &cfg)).map_err(|e| e.to_string())?;
     let before = stack.engine.background_stats();
-    critio::metrics::global().reset();
+    stack.io.metrics().reset();
     let stop = Arc::new(AtomicBool::new(false));
     let driver = bgsave_driver(stack.engine.clone(), stop.clone());
     let started = Instant::now();
@@ -311,7 +311,7 @@ fn run_scheme(scheme: Scheme, p: Params, device: &DeviceSpec) -> Result<SchemeRe
     let seconds = started.elapsed().as_secs_f64();
     stop.store(true, Ordering::Relaxed);
     let _ = driver.join();
-    let waits = critical_waits();
+    let waits = critical_waits(&stack);
     let after = stack.engine.background_stats();
     let errors = info_field(&server.info(&["stats"]), "total_error_replies");
     server.shutdown();

@@ -133,7 +133,6 @@ impl Engine {
     /// limits; its region is the engine's layout.
     pub fn open(stack: &critio::Stack, cfg: EngineConfig) -> Result<Engine, EngineError> {
         let log_base = stack.config().log;
-        let sync = &stack.config().sync;
         cfg.validate()?;
         let record_min = (cfg.value_bytes_max + cfg.key_bytes_max + 64) as u64;
         if log_base.record_bytes_max < record_min {
@@ -163,7 +162,7 @@ impl Engine {
             ..log_base
         };
         let (log, recovery) = stack.open_log_with(&log_cfg)?;
-        let opts = |name| sync.options(name);
+        let opts = |name| stack.sync_options(name);
         let range = sb.map_or((0, 0), |s| (s.tail, s.head));
         let vlog = Vlog::new(
             stack.cache().clone(),

@@ -125,7 +125,7 @@ impl Index {
     pub(crate) fn new(opts: SyncOptions) -> Self {
         Self {
             stripes: (0..STRIPES)
-                .map(|_| Mutex::with_options(Stripe::default(), opts))
+                .map(|_| Mutex::with_options(Stripe::default(), opts.clone()))
                 .collect(),
             keys: AtomicU64::new(0),
         }

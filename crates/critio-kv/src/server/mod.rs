@@ -144,15 +144,15 @@ impl Backend {
             device: cfg.device.to_string(),
             engine_config: cfg.engine,
             data_dir: None,
-            write_cache: stack.write_cache.clone(),
+            write_cache: stack.io.write_cache().cloned(),
         }
     }
 
     /// The registry of wait-point histograms and inheritance counters the
     /// stack records into, for INFO and the metrics endpoint. Every reader
-    /// in the server gets it here: today the process-wide one.
+    /// in the server gets it here: the stack's own (its block layer's).
     pub fn metrics(&self) -> &critio::metrics::Metrics {
-        critio::metrics::global()
+        self.block.metrics().get()
     }
 }
 

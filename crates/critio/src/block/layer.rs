@@ -37,7 +37,7 @@ use crate::class::Class;
 use crate::context::{self, Blocker, BlockingStatus, InheritKind, TaskRef, WaitScope};
 use crate::device::{validate, AlignedBuf, Command, Completion, Device, DeviceError, IoHint, Op};
 use crate::error::ConfigError;
-use crate::metrics;
+use crate::metrics::MetricsHandle;
 use crate::shim::thread;
 use crate::time::{Clock, Nanos};
 
@@ -126,6 +126,8 @@ pub(crate) struct Inner {
     timer_cv: Condvar,
     next_id: AtomicU64,
     at_device_hook: Mutex<Option<AtDeviceHook>>,
+    /// The registry this layer's waits (and the layers' above it) go to.
+    pub(crate) metrics: MetricsHandle,
 }
 
 /// A block layer in front of one device. Share it with `Arc`; dropping it
@@ -136,8 +138,19 @@ pub struct BlockLayer {
 }
 
 impl BlockLayer {
-    /// A block layer over `device` with `cfg`.
+    /// A block layer over `device` with `cfg`, recording its waits in the
+    /// process-wide metrics registry.
     pub fn new(device: Arc<dyn Device>, cfg: BlockConfig) -> Result<Self, ConfigError> {
+        Self::with_metrics(device, cfg, MetricsHandle::GLOBAL)
+    }
+
+    /// A block layer recording its waits in `metrics` (a stack's registry).
+    /// The page cache and the log over it record theirs there too.
+    pub fn with_metrics(
+        device: Arc<dyn Device>,
+        cfg: BlockConfig,
+        metrics: MetricsHandle,
+    ) -> Result<Self, ConfigError> {
         cfg.validate()?;
         let depth = device.info().queue_depth.max(1);
         let inner = Arc::new(Inner {
@@ -154,6 +167,7 @@ impl BlockLayer {
             timer_cv: Condvar::new(),
             next_id: AtomicU64::new(1),
             at_device_hook: Mutex::new(None),
+            metrics,
         });
         let timer = {
             let inner = inner.clone();
@@ -171,6 +185,12 @@ impl BlockLayer {
     /// The device below.
     pub fn device(&self) -> &Arc<dyn Device> {
         &self.inner.device
+    }
+
+    /// The registry this layer, and the layers built over it, record
+    /// their waits in.
+    pub fn metrics(&self) -> &MetricsHandle {
+        &self.inner.metrics
     }
 
     /// The configuration.
@@ -456,7 +476,9 @@ impl Inner {
             // The wait-point tables are of critical tasks' waits; both classes
             // are in the layer's own per-class stats.
             let waited = std::time::Duration::from_nanos(done.queue_wait);
-            metrics::global().record_wait(QUEUE_POINT, Class::Critical, waited);
+            self.metrics
+                .get()
+                .record_wait(QUEUE_POINT, Class::Critical, waited);
         }
         for t in wake {
             t.unpark();
@@ -486,7 +508,7 @@ impl Inner {
             (outcome, wake)
         };
         if !matches!(outcome, Promotion::NotFound | Promotion::AlreadyCritical) {
-            metrics::global().count_resolution(kind);
+            self.metrics.get().count_resolution(kind);
         }
         if let Some(t) = wake {
             t.unpark();
@@ -536,6 +558,17 @@ struct AdmissionWait {
 }
 
 impl Blocker for AdmissionWait {
+    fn record_wait(
+        &self,
+        point: &'static str,
+        class: crate::class::Class,
+        waited: std::time::Duration,
+    ) {
+        match self.layer.upgrade() {
+            Some(layer) => layer.metrics.get().record_wait(point, class, waited),
+            None => crate::metrics::global().record_wait(point, class, waited),
+        }
+    }
     fn resolve(&self, waiter: &TaskRef, _flipped: &mut Vec<TaskRef>) {
         if !waiter.is_critical() {
             return;

@@ -76,6 +76,17 @@ impl IoState {
 }
 
 impl Blocker for IoState {
+    fn record_wait(
+        &self,
+        point: &'static str,
+        class: crate::class::Class,
+        waited: std::time::Duration,
+    ) {
+        match self.layer.upgrade() {
+            Some(layer) => layer.metrics.get().record_wait(point, class, waited),
+            None => crate::metrics::global().record_wait(point, class, waited),
+        }
+    }
     fn resolve(&self, waiter: &TaskRef, _flipped: &mut Vec<TaskRef>) {
         if waiter.is_critical() {
             if let Some(layer) = self.layer.upgrade() {

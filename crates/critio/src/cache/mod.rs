@@ -237,11 +237,12 @@ impl PageCache {
                 })
             })
             .collect();
+        let metrics = block.metrics().clone();
         let inner = Arc::new(Inner {
             block,
             cfg,
             page,
-            sync: sync.options("cache"),
+            sync: sync.options_in("cache", &metrics),
             clock: Clock::new(),
             shards,
             stripe: u64::from(cfg.writeback_batch_pages),
@@ -252,7 +253,7 @@ impl PageCache {
             }),
             wb_cv: Condvar::new(),
             files: RwLock::new(Vec::new()),
-            throttle: Arc::new(Throttle::default()),
+            throttle: Arc::new(Throttle::new(metrics.clone())),
             counters: Counters::default(),
             wb_error: Mutex::new(None),
         });

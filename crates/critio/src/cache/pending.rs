@@ -29,7 +29,7 @@ impl PendingIo {
     pub(crate) fn new(point: &'static str, submitter: TaskRef, sync: &SyncOptions) -> Arc<Self> {
         let issued = Event::with_options(SyncOptions {
             name: point,
-            ..*sync
+            ..sync.clone()
         });
         issued.register_helper(submitter);
         Arc::new(Self {

@@ -13,7 +13,7 @@ use std::time::Duration;
 use parking_lot::Mutex;
 
 use crate::context::{self, Blocker, BlockingStatus, InheritKind, TaskRef, WaitScope};
-use crate::metrics;
+use crate::metrics::MetricsHandle;
 use crate::shim::thread;
 
 /// The wait point of dirty throttling.
@@ -24,8 +24,9 @@ pub const THROTTLE_POINT: &str = "cache: dirty throttle";
 const RECHECK: Duration = Duration::from_millis(50);
 
 /// The writers waiting in dirty throttling.
-#[derive(Default)]
 pub(crate) struct Throttle {
+    /// The stack's registry (resolutions are counted there).
+    metrics: MetricsHandle,
     waiters: Mutex<Vec<TaskRef>>,
     /// How many wait (read on every write without taking the lock).
     count: AtomicUsize,
@@ -34,13 +35,25 @@ pub(crate) struct Throttle {
 impl Blocker for Throttle {
     fn resolve(&self, waiter: &TaskRef, _flipped: &mut Vec<TaskRef>) {
         if waiter.is_critical() {
-            metrics::global().count_resolution(InheritKind::Admission);
+            self.metrics.get().count_resolution(InheritKind::Admission);
             waiter.unpark(); // re-check against the critical limit
         }
+    }
+
+    fn record_wait(&self, point: &'static str, class: crate::class::Class, waited: Duration) {
+        self.metrics.get().record_wait(point, class, waited);
     }
 }
 
 impl Throttle {
+    pub(crate) fn new(metrics: MetricsHandle) -> Self {
+        Self {
+            metrics,
+            waiters: Mutex::new(Vec::new()),
+            count: AtomicUsize::new(0),
+        }
+    }
+
     /// Blocks the current task until `allowed()` (checked with the task's
     /// class at that moment) holds; `kick` asks writeback to run.
     pub(crate) fn wait(

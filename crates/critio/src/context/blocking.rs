@@ -15,7 +15,7 @@
 
 use std::fmt;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
@@ -89,6 +89,12 @@ impl fmt::Display for BlockingStatus {
 pub trait Blocker: Send + Sync {
     /// Reconciles this object's treatment of `waiter` with its current class.
     fn resolve(&self, waiter: &TaskRef, flipped: &mut Vec<TaskRef>);
+
+    /// Records a wait on this object that just ended, in the registry of
+    /// the stack it belongs to (default: the process-wide one).
+    fn record_wait(&self, point: &'static str, class: Class, waited: Duration) {
+        metrics::global().record_wait(point, class, waited);
+    }
 }
 
 /// A task's record of what it is blocked on.
@@ -148,12 +154,16 @@ impl WaitScope {
 
 impl Drop for WaitScope {
     fn drop(&mut self) {
-        self.task.set_blocking(None);
+        let blocking = self.task.take_blocking();
         let class = if self.critical_at_start {
             Class::Critical
         } else {
             Class::NonCritical
         };
-        metrics::global().record_wait(self.point, class, self.started.elapsed());
+        let waited = self.started.elapsed();
+        match blocking {
+            Some(b) => b.on.record_wait(self.point, class, waited),
+            None => metrics::global().record_wait(self.point, class, waited),
+        }
     }
 }

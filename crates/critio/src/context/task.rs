@@ -188,6 +188,11 @@ impl Task {
         *slot = blocking;
     }
 
+    /// Clears the blocking status, returning what it was.
+    pub(crate) fn take_blocking(&self) -> Option<Blocking> {
+        self.blocking.lock().take()
+    }
+
     /// The object this task is blocked on, for the chain walk.
     pub(crate) fn blocker(&self) -> Option<Blocking> {
         self.blocking.lock().clone()

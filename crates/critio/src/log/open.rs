@@ -89,19 +89,23 @@ impl Log {
             stats: LogStats::default(),
         };
         state.check_invariants();
+        let metrics = block.metrics().clone();
         let shared = Arc::new(Shared {
             block,
             geo,
             limits,
             log_id: hdr.log_id,
             epoch: hdr.epoch,
-            state: Mutex::with_options(state, sync.options(STATE_POINT)),
-            commit_cv: [0, 1].map(|_| Condvar::with_options(sync.options(COMMIT_POINT))),
-            space_cv: Condvar::with_options(sync.options(SPACE_POINT)),
-            work_cv: Condvar::with_options(sync.options(WRITER_IDLE_POINT).inherit(false)),
+            state: Mutex::with_options(state, sync.options_in(STATE_POINT, &metrics)),
+            commit_cv: [0, 1]
+                .map(|_| Condvar::with_options(sync.options_in(COMMIT_POINT, &metrics))),
+            space_cv: Condvar::with_options(sync.options_in(SPACE_POINT, &metrics)),
+            work_cv: Condvar::with_options(
+                sync.options_in(WRITER_IDLE_POINT, &metrics).inherit(false),
+            ),
             header: Mutex::with_options(
                 HeaderState { header: hdr, image },
-                sync.options(HEADER_POINT),
+                sync.options_in(HEADER_POINT, &metrics),
             ),
         });
         let log = start_writer(shared)?;

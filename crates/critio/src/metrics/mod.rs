@@ -8,20 +8,28 @@
 //! Tables 2-3 (max and mean wait of critical tasks per wait point, per
 //! scheme). Counters tally inheritance by kind and the chain walk's steps.
 //!
-//! The registry is process-wide, like the kernel's: experiments that compare
-//! schemes in one run take a [`snapshot`](Metrics::snapshot) after each scheme
-//! and [`reset`](Metrics::reset) before the next.
+//! Each stack has its own registry ([`crate::stack::Stack::metrics`]):
+//! the block layer holds its [`MetricsHandle`], the page cache, the log and
+//! the write cache take it from there, and the locks made with the stack's
+//! sync options carry it, so two stacks in one process (two stores, or
+//! schemes compared side by side) keep their wait tables apart. A wait
+//! ends at its blocker, which knows its registry ([`crate::context::Blocker::record_wait`]);
+//! layers and locks built without a stack record into the process-wide
+//! [`global`] one. The inheritance counters are the process's (a thread
+//! inherits through whatever it waits on, whichever stack that is), so
+//! every registry reports the same counters. Experiments take a
+//! [`snapshot`](Metrics::snapshot) after each scheme and
+//! [`reset`](Metrics::reset) before the next.
 //!
 //! Recording is on every wait's path, so it takes no lock shared by the
 //! whole process: the histograms are sharded by thread (`waits.rs`: a few
 //! tens of ns per wait, a shard's own lock) and merged when read; the
-//! counters are relaxed atomics. A [`Metrics`] value owns its shards, so a
-//! registry per stack needs no change here.
+//! counters are relaxed atomics.
 //!
 //! ```text
-//!  WaitScope drop ──record_wait──> shard of this thread ─┐
-//!  Task::inherit / revoke ──count_*──> atomic counters   ├─> snapshot (merge) / reset (clear all)
-//!  block, cache, nvwc ──record_wait / count_resolution───┘
+//!  WaitScope drop ──blocker.record_wait──> its stack's registry: shard of this thread ─┐
+//!  Task::inherit / revoke ──count_*──> the process's atomic counters                  ├─> snapshot (merge) / reset
+//!  block, cache, nvwc ──record_wait / count_resolution─────────────────────────────────┘
 //! ```
 
 mod latency;
@@ -29,7 +37,7 @@ mod waits;
 
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::LazyLock;
+use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use serde::Serialize;
@@ -40,6 +48,58 @@ use waits::WaitTables;
 use crate::class::Class;
 use crate::context::InheritKind;
 
+/// Where a layer or a primitive records its waits: the registry of the
+/// stack it belongs to, or the process-wide one ([`global`]). Cloning it is
+/// an `Arc` clone; it compares equal to another handle of the same
+/// registry.
+#[derive(Clone, Default)]
+pub struct MetricsHandle(Option<Arc<Metrics>>);
+
+impl MetricsHandle {
+    /// The process-wide registry.
+    pub const GLOBAL: MetricsHandle = MetricsHandle(None);
+
+    /// A handle of `metrics` (a stack's own registry).
+    pub fn of(metrics: Arc<Metrics>) -> Self {
+        Self(Some(metrics))
+    }
+
+    /// A new registry of its own.
+    pub fn new_registry() -> Self {
+        Self::of(Arc::new(Metrics::default()))
+    }
+
+    /// The registry.
+    pub fn get(&self) -> &Metrics {
+        match &self.0 {
+            Some(m) => m,
+            None => global(),
+        }
+    }
+
+    /// Whether this is the process-wide registry.
+    pub fn is_global(&self) -> bool {
+        self.0.is_none()
+    }
+}
+
+impl PartialEq for MetricsHandle {
+    fn eq(&self, other: &Self) -> bool {
+        std::ptr::eq(self.get(), other.get())
+    }
+}
+
+impl Eq for MetricsHandle {}
+
+impl std::fmt::Debug for MetricsHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.0 {
+            None => f.write_str("MetricsHandle(global)"),
+            Some(m) => write!(f, "MetricsHandle({:p})", Arc::as_ptr(m)),
+        }
+    }
+}
+
 /// The process-wide metrics registry.
 pub fn global() -> &'static Metrics {
     static GLOBAL: LazyLock<Metrics> = LazyLock::new(Metrics::default);
@@ -48,10 +108,10 @@ pub fn global() -> &'static Metrics {
 
 const KINDS: usize = InheritKind::ALL.len();
 
-/// Wait-point histograms and inheritance counters.
-#[derive(Default)]
-pub struct Metrics {
-    waits: WaitTables,
+/// The inheritance counters. They are the process's, not a stack's: a task
+/// (a thread) inherits through whatever it waits on, whichever stack that
+/// belongs to, so every registry reports these same counters.
+struct Counters {
     boosts: [AtomicU64; KINDS],
     revocations: [AtomicU64; KINDS],
     resolutions: [AtomicU64; KINDS],
@@ -59,6 +119,23 @@ pub struct Metrics {
     chain_steps: AtomicU64,
     chain_truncated: AtomicU64,
     chain_cycles: AtomicU64,
+}
+
+static COUNTERS: Counters = Counters {
+    boosts: [const { AtomicU64::new(0) }; KINDS],
+    revocations: [const { AtomicU64::new(0) }; KINDS],
+    resolutions: [const { AtomicU64::new(0) }; KINDS],
+    helpers_dropped: AtomicU64::new(0),
+    chain_steps: AtomicU64::new(0),
+    chain_truncated: AtomicU64::new(0),
+    chain_cycles: AtomicU64::new(0),
+};
+
+/// A registry of wait-point histograms (a stack's, or the process-wide
+/// [`global`] one), and a view of the process's inheritance counters.
+#[derive(Default)]
+pub struct Metrics {
+    waits: WaitTables,
 }
 
 impl Metrics {
@@ -69,33 +146,33 @@ impl Metrics {
     }
 
     pub(crate) fn count_boost(&self, kind: InheritKind) {
-        self.boosts[kind.index()].fetch_add(1, Ordering::Relaxed);
+        COUNTERS.boosts[kind.index()].fetch_add(1, Ordering::Relaxed);
     }
 
     pub(crate) fn count_revoke(&self, kind: InheritKind) {
-        self.revocations[kind.index()].fetch_add(1, Ordering::Relaxed);
+        COUNTERS.revocations[kind.index()].fetch_add(1, Ordering::Relaxed);
     }
 
     /// Counts a dependency resolved without a task inheriting: an I/O
     /// promoted, an admission waiter retried as critical.
     pub fn count_resolution(&self, kind: InheritKind) {
-        self.resolutions[kind.index()].fetch_add(1, Ordering::Relaxed);
+        COUNTERS.resolutions[kind.index()].fetch_add(1, Ordering::Relaxed);
     }
 
     pub(crate) fn count_helper_dropped(&self) {
-        self.helpers_dropped.fetch_add(1, Ordering::Relaxed);
+        COUNTERS.helpers_dropped.fetch_add(1, Ordering::Relaxed);
     }
 
     pub(crate) fn count_chain_step(&self) {
-        self.chain_steps.fetch_add(1, Ordering::Relaxed);
+        COUNTERS.chain_steps.fetch_add(1, Ordering::Relaxed);
     }
 
     pub(crate) fn count_chain_truncated(&self) {
-        self.chain_truncated.fetch_add(1, Ordering::Relaxed);
+        COUNTERS.chain_truncated.fetch_add(1, Ordering::Relaxed);
     }
 
     pub(crate) fn count_chain_cycle(&self) {
-        self.chain_cycles.fetch_add(1, Ordering::Relaxed);
+        COUNTERS.chain_cycles.fetch_add(1, Ordering::Relaxed);
     }
 
     /// The histogram of one wait point and class (empty if never recorded).
@@ -120,18 +197,18 @@ impl Metrics {
             .iter()
             .map(|&kind| InheritCount {
                 kind,
-                boosts: self.boosts[kind.index()].load(Ordering::Relaxed),
-                revocations: self.revocations[kind.index()].load(Ordering::Relaxed),
-                resolutions: self.resolutions[kind.index()].load(Ordering::Relaxed),
+                boosts: COUNTERS.boosts[kind.index()].load(Ordering::Relaxed),
+                revocations: COUNTERS.revocations[kind.index()].load(Ordering::Relaxed),
+                resolutions: COUNTERS.resolutions[kind.index()].load(Ordering::Relaxed),
             })
             .collect();
         MetricsSnapshot {
             wait_points,
             inheritance,
-            helpers_dropped: self.helpers_dropped.load(Ordering::Relaxed),
-            chain_steps: self.chain_steps.load(Ordering::Relaxed),
-            chain_truncated: self.chain_truncated.load(Ordering::Relaxed),
-            chain_cycles: self.chain_cycles.load(Ordering::Relaxed),
+            helpers_dropped: COUNTERS.helpers_dropped.load(Ordering::Relaxed),
+            chain_steps: COUNTERS.chain_steps.load(Ordering::Relaxed),
+            chain_truncated: COUNTERS.chain_truncated.load(Ordering::Relaxed),
+            chain_cycles: COUNTERS.chain_cycles.load(Ordering::Relaxed),
         }
     }
 
@@ -150,19 +227,20 @@ impl Metrics {
             .collect()
     }
 
-    /// Forgets everything recorded so far.
+    /// Forgets every wait recorded in this registry so far, and zeroes the
+    /// process's inheritance counters.
     pub fn reset(&self) {
         self.waits.clear();
-        let counters = self
+        let counters = COUNTERS
             .boosts
             .iter()
-            .chain(&self.revocations)
-            .chain(&self.resolutions)
+            .chain(&COUNTERS.revocations)
+            .chain(&COUNTERS.resolutions)
             .chain([
-                &self.helpers_dropped,
-                &self.chain_steps,
-                &self.chain_truncated,
-                &self.chain_cycles,
+                &COUNTERS.helpers_dropped,
+                &COUNTERS.chain_steps,
+                &COUNTERS.chain_truncated,
+                &COUNTERS.chain_cycles,
             ]);
         for c in counters {
             c.store(0, Ordering::Relaxed);

@@ -152,6 +152,8 @@ struct State {
 
 /// Everything the write cache's threads and completions share.
 struct Shared {
+    /// Where stalls are recorded: the stack's registry once it is set.
+    metrics: std::sync::OnceLock<crate::metrics::MetricsHandle>,
     cache: Arc<dyn Device>,
     backing: Arc<dyn Device>,
     cfg: NvwcConfig,
@@ -237,6 +239,7 @@ impl WriteCache {
         };
         let core = Core::new(layout.slots, &opened.placed, opened.next_seq);
         let shared = Arc::new(Shared {
+            metrics: std::sync::OnceLock::new(),
             cache,
             backing,
             cfg,
@@ -278,6 +281,12 @@ impl WriteCache {
                 shared.reissue(tag);
             }
         })
+    }
+
+    /// Records the write cache's stalls in `metrics` (a stack's registry)
+    /// instead of the process-wide one. Only the first call counts.
+    pub fn record_waits_in(&self, metrics: crate::metrics::MetricsHandle) {
+        let _ = self.shared.metrics.set(metrics);
     }
 
     /// I/O criticality inheritance at the device: if the bypassed write

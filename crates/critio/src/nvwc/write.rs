@@ -189,7 +189,8 @@ impl Shared {
             };
             let waited = self.clock.now().saturating_sub(s.since);
             add(&self.counters.stall_ns, waited);
-            metrics::global().record_wait(STALL_POINT, s.cmd.class, Duration::from_nanos(waited));
+            let registry = self.metrics.get().map_or(metrics::global(), |m| m.get());
+            registry.record_wait(STALL_POINT, s.cmd.class, Duration::from_nanos(waited));
             self.start(s.cmd, s.done, plan);
         }
     }

@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{SyncOptions, HELPER_WINDOW_DEFAULT};
 use crate::error::ConfigError;
+use crate::metrics::MetricsHandle;
 
 /// The `sync` section.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -36,11 +37,18 @@ impl Default for SyncConfig {
 }
 
 impl SyncConfig {
-    /// Options for a primitive named `name` under this configuration.
+    /// Options for a primitive named `name` under this configuration,
+    /// recording its waits in the process-wide registry.
     pub fn options(&self, name: &'static str) -> SyncOptions {
         SyncOptions::named(name)
             .inherit(self.inheritance)
             .helper_window(Duration::from_millis(self.helper_window_ms))
+    }
+
+    /// Options for a primitive named `name` under this configuration,
+    /// recording its waits in `metrics` (a stack's registry).
+    pub fn options_in(&self, name: &'static str, metrics: &MetricsHandle) -> SyncOptions {
+        self.options(name).metrics(metrics.clone())
     }
 
     /// Checks every field; the error names the first bad one.

@@ -257,6 +257,14 @@ impl WaitQueue {
 }
 
 impl Blocker for WaitQueue {
+    fn record_wait(
+        &self,
+        point: &'static str,
+        class: crate::class::Class,
+        waited: std::time::Duration,
+    ) {
+        self.opts.metrics.get().record_wait(point, class, waited);
+    }
     fn resolve(&self, waiter: &TaskRef, flipped: &mut Vec<TaskRef>) {
         let mut side = self.side.lock();
         side.waiters.recount(waiter);

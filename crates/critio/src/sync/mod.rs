@@ -36,6 +36,8 @@ mod waiters;
 
 use std::time::Duration;
 
+use crate::metrics::MetricsHandle;
+
 pub use condvar::{Condvar, WaitTimeoutResult};
 pub use config::{SyncConfig, HELPER_WINDOW_MS_RANGE};
 pub use event::Event;
@@ -47,7 +49,7 @@ pub use rwlock::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 pub const HELPER_WINDOW_DEFAULT: Duration = Duration::from_secs(1);
 
 /// Options shared by the primitives.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SyncOptions {
     /// The wait point waits on this primitive are accounted to.
     pub name: &'static str,
@@ -57,6 +59,9 @@ pub struct SyncOptions {
     /// How long an inferred helper may go without signalling before it is
     /// dropped (condvars and events only).
     pub helper_window: Duration,
+    /// The registry waits on this primitive are recorded in (a stack's, or
+    /// the process-wide one).
+    pub metrics: MetricsHandle,
 }
 
 impl SyncOptions {
@@ -66,6 +71,7 @@ impl SyncOptions {
             name,
             inherit: true,
             helper_window: HELPER_WINDOW_DEFAULT,
+            metrics: MetricsHandle::GLOBAL,
         }
     }
 
@@ -78,6 +84,12 @@ impl SyncOptions {
     /// The same options with another helper window.
     pub const fn helper_window(mut self, window: Duration) -> Self {
         self.helper_window = window;
+        self
+    }
+
+    /// The same options recording waits in `metrics`.
+    pub fn metrics(mut self, metrics: MetricsHandle) -> Self {
+        self.metrics = metrics;
         self
     }
 }

@@ -475,6 +475,14 @@ impl MutexCore {
 }
 
 impl Blocker for MutexCore {
+    fn record_wait(
+        &self,
+        point: &'static str,
+        class: crate::class::Class,
+        waited: std::time::Duration,
+    ) {
+        self.opts.metrics.get().record_wait(point, class, waited);
+    }
     fn resolve(&self, waiter: &TaskRef, flipped: &mut Vec<TaskRef>) {
         let wake = {
             let mut side = self.side.lock();

@@ -425,6 +425,14 @@ impl RwCore {
 }
 
 impl Blocker for RwCore {
+    fn record_wait(
+        &self,
+        point: &'static str,
+        class: crate::class::Class,
+        waited: std::time::Duration,
+    ) {
+        self.opts.metrics.get().record_wait(point, class, waited);
+    }
     fn resolve(&self, waiter: &TaskRef, flipped: &mut Vec<TaskRef>) {
         let woken = {
             let mut side = self.side.lock();
