@@ -65,10 +65,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // Writers hold `epoch` shared from logging to applying; the checkpoint
     // takes it exclusively for an instant, so every record it truncates is
     // in the cache before the flush.
-    let epoch = Arc::new(RwLock::with_options(
-        (),
-        config.sync.options("store: epoch"),
-    ));
+    let epoch = Arc::new(RwLock::with_options((), stack.sync_options("store: epoch")));
     let log = Arc::new(log);
     let stop = Arc::new(AtomicBool::new(false));
 
@@ -112,7 +109,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     stop.store(true, Ordering::Relaxed);
     let rounds = checkpointer.join().expect("the checkpointer panicked")?;
-    let waits = critio::metrics::global().snapshot();
+    let waits = stack.metrics().snapshot();
     let commit = waits
         .wait_points
         .iter()
