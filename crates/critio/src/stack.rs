@@ -24,6 +24,23 @@
 //! or lets the stack place a file after everything reserved so far
 //! ([`Stack::add_file`]: the same calls in the same order find the same
 //! place on every open).
+//!
+//! ```
+//! use critio::{Config, Stack, StackError};
+//!
+//! let mut config = Config::default();
+//! config.device.capacity_bytes = 32 << 20;
+//! config.log.region_offset_bytes = 0;
+//! config.log.region_bytes = 4 << 20;
+//! let stack = Stack::open(&config).unwrap();
+//! let (_log, _) = stack.open_log().unwrap();
+//! stack.add_file("data", 8 << 20).unwrap(); // placed after the log
+//! let err = stack.add_file_at("dump", 1 << 20, 1 << 20).unwrap_err();
+//! assert!(matches!(err, StackError::Layout { .. }));
+//! assert!(err.to_string().contains("overlaps `log` [0, 4194304)"), "{err}");
+//! let names: Vec<_> = stack.regions().into_iter().map(|r| r.name).collect();
+//! assert_eq!(names, ["log", "data"]);
+//! ```
 
 use std::fmt;
 use std::sync::Arc;
