@@ -1,7 +1,10 @@
 //! `critio demo`: request latency with and without request-centric
 //! prioritization, measured side by side in one run.
 //!
-//! critio-kv runs in-process on a simulated SSD; closed-loop clients drive a
+//! critio-kv runs in-process on a real file in the output directory
+//! (io_uring, O_DIRECT; falling back to the worker pool, then to the
+//! simulated SSD, each with the reason printed), or on the device
+//! `--device` names; closed-loop clients drive a
 //! YCSB-A load (50% reads, 50% updates, zipfian keys, 1 KiB values, a data
 //! set several times the page cache) over the Redis protocol while
 //! checkpoints run every second. The same load runs under `none`,
@@ -12,6 +15,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
+use critio::device::{DeviceSpec, OpenOptions};
 use critio_kv::Scheme;
 use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
 use serde_json::json;
@@ -31,6 +35,48 @@ pub struct DemoArgs {
     pub workload: Option<PathBuf>,
     /// Where to write the JSON and the plots.
     pub out: PathBuf,
+    /// The device (None: a real file in `out`, see [`real_device`]).
+    pub device: Option<String>,
+}
+
+/// The demo's default device: a file in `out` through io_uring with
+/// O_DIRECT; where that cannot be opened, the worker pool on the same file;
+/// where neither can, the simulated SSD. Each fallback says why.
+pub fn real_device(out: &Path) -> String {
+    let probe = out.join("critio-probe.img");
+    let mut why = Vec::new();
+    for (kind, spec) in [
+        ("io_uring", DeviceSpec::Uring(probe.clone())),
+        ("pool", DeviceSpec::Pool(probe.clone())),
+    ] {
+        let opened = spec.open(OpenOptions {
+            capacity: 1 << 20,
+            ..OpenOptions::default()
+        });
+        let _ = std::fs::remove_file(&probe);
+        match opened {
+            Ok(_) => {
+                let file = out.join("critio-demo.img");
+                return match spec {
+                    DeviceSpec::Uring(_) => format!("file:{}", file.display()),
+                    _ => {
+                        println!(
+                            "critio demo: io_uring unavailable ({}); using the pool",
+                            why.join("; ")
+                        );
+                        format!("pool:{}", file.display())
+                    }
+                };
+            }
+            Err(e) => why.push(format!("{kind}: {e}")),
+        }
+    }
+    println!(
+        "critio demo: no real device in {} ({}); using the simulated SSD",
+        out.display(),
+        why.join("; ")
+    );
+    "sim:ssd".into()
 }
 
 /// The runs of the demo, in table order.
@@ -91,6 +137,8 @@ pub fn compare(w: &KvWorkload, specs: &[RunSpec], secs: f64) -> Result<Vec<KvRes
     let pre = bar(&mp, "preloading", w.records);
     let template = kvbench::preload(w, &pre)?;
     pre.finish_with_message(format!("{} keys", w.records));
+    // (Printed directly: the progress bars are hidden when not on a terminal.)
+    println!("device: {}", template.describe());
     let mut out = Vec::new();
     for spec in specs {
         let pb = bar(&mp, spec.label, 1000);
@@ -208,6 +256,13 @@ pub fn run(args: &DemoArgs) -> Result<(), String> {
     if args.quick {
         w.records = w.quick_records;
     }
+    std::fs::create_dir_all(&args.out)
+        .map_err(|e| format!("cannot create {}: {e}", args.out.display()))?;
+    match args.device.as_deref() {
+        None => w.device = real_device(&args.out),
+        Some("sim") => {}
+        Some(spec) => w.device = spec.to_owned(),
+    }
     let secs = if args.quick {
         w.quick_duration_s
     } else {
@@ -253,4 +308,27 @@ pub fn run(args: &DemoArgs) -> Result<(), String> {
         started.elapsed().as_secs_f64()
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod device_tests {
+    use super::*;
+
+    #[test]
+    fn the_demo_falls_back_to_the_simulation_where_no_file_can_be_opened() {
+        let nowhere = Path::new("/proc/critio-no-such-dir");
+        assert_eq!(real_device(nowhere), "sim:ssd");
+        let dir = std::env::temp_dir().join(format!("critio-demo-dev-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let spec = real_device(&dir);
+        assert!(
+            spec.starts_with("file:") || spec.starts_with("pool:") || spec == "sim:ssd",
+            "{spec}"
+        );
+        assert!(
+            !dir.join("critio-probe.img").exists(),
+            "the probe is removed"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

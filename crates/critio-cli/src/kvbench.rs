@@ -57,19 +57,78 @@ pub struct KvResult {
     pub waits: MetricsSnapshot,
 }
 
-/// A preloaded store, copied for each run.
+/// A preloaded store, copied for each run. On a simulated device its
+/// image lives in a temporary directory; on a real file (`file:PATH`,
+/// `pool:PATH`) in a directory beside PATH, so every run's copy is on the
+/// file system the user named, and is read through io_uring (or the
+/// worker pool) with O_DIRECT like any store.
 pub struct Template {
     dir: PathBuf,
     file: PathBuf,
+    /// The device kind the workload named (its path is replaced per run).
+    kind: DeviceSpec,
 }
 
 impl Template {
     fn device(&self, path: &Path) -> DeviceSpec {
-        DeviceSpec::Sim {
-            profile: critio::device::sim::Profile::Ssd,
-            file: Some(path.to_path_buf()),
+        let path = path.to_path_buf();
+        match &self.kind {
+            DeviceSpec::Sim { profile, .. } => DeviceSpec::Sim {
+                profile: *profile,
+                file: Some(path),
+            },
+            DeviceSpec::Pool(_) => DeviceSpec::Pool(path),
+            _ => DeviceSpec::Uring(path),
         }
     }
+
+    /// Which device the runs are on: the simulation, or the real file's
+    /// disk, its kernel I/O scheduler and the kernel.
+    pub fn describe(&self) -> String {
+        match &self.kind {
+            DeviceSpec::Sim { .. } => format!(
+                "{} (simulated, in memory and {})",
+                self.kind,
+                self.dir.display()
+            ),
+            DeviceSpec::Pool(_) => format!(
+                "pool: (pread/pwrite workers, O_DIRECT) in {} on {}",
+                self.dir.display(),
+                crate::bench::host::describe(&self.dir)
+            ),
+            _ => format!(
+                "file: (io_uring, O_DIRECT) in {} on {}",
+                self.dir.display(),
+                crate::bench::host::describe(&self.dir)
+            ),
+        }
+    }
+}
+
+/// Where a workload's device keeps the template and the runs' copies.
+fn template_for(device: &str) -> Result<Template, String> {
+    let kind: DeviceSpec = device.parse()?;
+    let base = match &kind {
+        DeviceSpec::Mem => {
+            return Err(
+                "the key-value experiments copy a preloaded store for every run: use sim, \
+                 sim:hdd, file:PATH or pool:PATH, not mem"
+                    .into(),
+            )
+        }
+        DeviceSpec::Sim { .. } => std::env::temp_dir(),
+        DeviceSpec::Uring(p) | DeviceSpec::Pool(p) => match p.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+            _ => PathBuf::from("."),
+        },
+    };
+    let dir = base.join(format!("critio-kvbench-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    Ok(Template {
+        file: dir.join("template.img"),
+        dir,
+        kind,
+    })
 }
 
 impl Drop for Template {
@@ -108,18 +167,7 @@ pub(crate) fn value(rng: &mut SmallRng, len: usize) -> Vec<u8> {
 
 /// Loads `w.records` keys into a fresh store (in a temporary directory).
 pub fn preload(w: &KvWorkload, progress: &ProgressBar) -> Result<Template, String> {
-    if !w.device.starts_with("sim") {
-        return Err(format!(
-            "the key-value experiments run on the simulated SSD (its store is copied for every run); device `{}` given",
-            w.device
-        ));
-    }
-    let dir = std::env::temp_dir().join(format!("critio-kvbench-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-    let t = Template {
-        file: dir.join("template.img"),
-        dir,
-    };
+    let t = template_for(&w.device)?;
     let spec = RunSpec {
         label: "preload",
         scheme: Scheme::Rcp,
@@ -144,6 +192,24 @@ pub fn preload(w: &KvWorkload, progress: &ProgressBar) -> Result<Template, Strin
     }
     stack.engine.close().map_err(|e| e.to_string())?;
     Ok(t)
+}
+
+/// Copies the template to a run's file and syncs the copy, so its
+/// writeback does not run during the measured window.
+fn copy_durably(from: &Path, to: &Path) -> Result<(), String> {
+    std::fs::copy(from, to).map_err(|e| format!("cannot copy the template: {e}"))?;
+    std::fs::File::open(to)
+        .and_then(|f| f.sync_all())
+        .map_err(|e| format!("cannot sync {}: {e}", to.display()))
+}
+
+/// Removes a run's copy of the store when the run ends.
+struct RemoveOnDrop(PathBuf);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
 }
 
 /// One client's closed loop until `stop`; records latencies after `measure`.
@@ -276,7 +342,8 @@ pub fn run(
         "run-{}.img",
         spec.label.replace(|c: char| !c.is_alphanumeric(), "-")
     ));
-    std::fs::copy(&t.file, &file).map_err(|e| format!("cannot copy the template: {e}"))?;
+    copy_durably(&t.file, &file)?;
+    let _remove = RemoveOnDrop(file.clone()); // after the stack below closes
     let cfg = stack_config(w, t.device(&file), spec);
     let stack = Stack::open(&cfg).map_err(|e| e.to_string())?;
     let engine = stack.engine.clone();

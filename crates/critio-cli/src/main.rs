@@ -34,6 +34,12 @@ enum Command {
         /// Where to write the JSON and the CCDF plot.
         #[arg(long, value_name = "DIR", default_value = "critio-demo")]
         out: PathBuf,
+        /// The device: by default a file in DIR through io_uring with
+        /// O_DIRECT (falling back to pool:, then to the simulated SSD, with
+        /// the reason printed); `sim` for the reproducible simulation, or
+        /// file:PATH, pool:PATH, sim:hdd.
+        #[arg(long, value_name = "SPEC")]
+        device: Option<String>,
     },
     /// Run an experiment and print its table and targets.
     Bench {
@@ -99,10 +105,12 @@ fn main() -> ExitCode {
             quick,
             workload,
             out,
+            device,
         } => demo::run(&demo::DemoArgs {
             quick,
             workload,
             out,
+            device,
         }),
         Command::Bench {
             experiment,

@@ -10,7 +10,7 @@ mod e2_device_priority;
 mod e3_antagonists;
 mod e4_write_cache;
 mod e5_ablation;
-mod host;
+pub(crate) mod host;
 mod kv_background;
 mod kv_vs_redis;
 mod lock_overhead;
