@@ -172,13 +172,18 @@ impl Stack {
                 what: "device",
                 source,
             })?;
-        Self::over(device, config)
+        Self::assemble(device, config)
     }
 
     /// Like [`Stack::open`] over a device the caller opened (a wrapper of
     /// its own, a fault injector); `config.device` is not used.
     pub fn over(device: Arc<dyn Device>, config: &Config) -> Result<Stack, StackError> {
         config.validate()?;
+        Self::assemble(device, config)
+    }
+
+    /// Everything above the device, from a validated `config`.
+    fn assemble(device: Arc<dyn Device>, config: &Config) -> Result<Stack, StackError> {
         let metrics = MetricsHandle::new_registry();
         let mut device = device;
         let write_cache = match &config.nvwc {

@@ -550,6 +550,23 @@ impl Inner {
     }
 }
 
+impl Inner {
+    /// Records a wait on one of `layer`'s blockers (an admission slot, a
+    /// request) in the layer's registry, or the process-wide one if the
+    /// layer is gone.
+    pub(crate) fn record_wait_in(
+        layer: &Weak<Inner>,
+        point: &'static str,
+        class: Class,
+        waited: std::time::Duration,
+    ) {
+        match layer.upgrade() {
+            Some(layer) => layer.metrics.get().record_wait(point, class, waited),
+            None => crate::metrics::global().record_wait(point, class, waited),
+        }
+    }
+}
+
 /// The blocker of a submitter waiting for an admission slot: if it turns
 /// critical, its request retries in the critical pool.
 struct AdmissionWait {
@@ -564,10 +581,7 @@ impl Blocker for AdmissionWait {
         class: crate::class::Class,
         waited: std::time::Duration,
     ) {
-        match self.layer.upgrade() {
-            Some(layer) => layer.metrics.get().record_wait(point, class, waited),
-            None => crate::metrics::global().record_wait(point, class, waited),
-        }
+        Inner::record_wait_in(&self.layer, point, class, waited);
     }
     fn resolve(&self, waiter: &TaskRef, _flipped: &mut Vec<TaskRef>) {
         if !waiter.is_critical() {

@@ -82,10 +82,7 @@ impl Blocker for IoState {
         class: crate::class::Class,
         waited: std::time::Duration,
     ) {
-        match self.layer.upgrade() {
-            Some(layer) => layer.metrics.get().record_wait(point, class, waited),
-            None => crate::metrics::global().record_wait(point, class, waited),
-        }
+        Inner::record_wait_in(&self.layer, point, class, waited);
     }
     fn resolve(&self, waiter: &TaskRef, _flipped: &mut Vec<TaskRef>) {
         if waiter.is_critical() {
