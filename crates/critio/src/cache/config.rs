@@ -35,6 +35,12 @@ pub struct CacheConfig {
     pub writeback_batch_pages: u32,
     /// Most writeback writes in flight at once. Default 16.
     pub writeback_inflight: u32,
+    /// Most bytes of pages that are not dirty (clean, or being loaded); the
+    /// rest of the cache holds only dirty pages, a write buffer that reads
+    /// cannot use. 0 (the default): no limit. The experiments' isolation
+    /// runs use it to give the dirty pages of a run without checkpoints
+    /// room of their own while reads see the cache every other run has.
+    pub clean_bytes_max: u64,
     /// Independent parts of the cache, each with its own lock, frames and
     /// replacement; a page's part is chosen by a hash of its file and its
     /// stripe of `writeback_batch_pages` pages (so a writeback run stays in
@@ -58,6 +64,7 @@ impl Default for CacheConfig {
             dirty_expire_ms: 1000,
             writeback_batch_pages: 32,
             writeback_inflight: 16,
+            clean_bytes_max: 0,
             shards: 0,
         }
     }

@@ -148,6 +148,10 @@ pub(crate) struct Frames {
     /// Dirty counts per class summed over every part of the cache (each
     /// part's `Frames` adds its changes), read without any part's lock.
     shared_dirty: Arc<[AtomicUsize; 2]>,
+    /// Most pages that are not dirty (clean or loading) this part keeps
+    /// before it evicts a clean page rather than take a free frame; the
+    /// frames beyond hold only dirty pages (`cache.clean_bytes_max`).
+    clean_max: usize,
 }
 
 impl Frames {
@@ -193,7 +197,14 @@ impl Frames {
             unflushed: BTreeSet::new(),
             dirty: [0; 2],
             shared_dirty,
+            clean_max: usize::MAX,
         }
+    }
+
+    /// Keeps at most `max` pages that are not dirty: past it a new page
+    /// takes a clean page's frame, not a free one.
+    pub(crate) fn set_clean_max(&mut self, max: usize) {
+        self.clean_max = max.max(1);
     }
 
     /// Counts one more (or one fewer) dirty page of `class`.
@@ -246,7 +257,8 @@ impl Frames {
         self.lists.move_back(list, i);
     }
 
-    /// Finds a frame for `key` (not yet in the map): a free frame, else the
+    /// Finds a frame for `key` (not yet in the map): a free frame (unless
+    /// the clean pages are at their limit), else the
     /// first clean frame not referenced since it last came round (second
     /// chance: a referenced one loses its bit and goes to the back), else
     /// the oldest writeback to wait for, else the oldest dirty page to
@@ -257,8 +269,11 @@ impl Frames {
             !self.map.contains_key(&key),
             "allocating a page already cached"
         );
-        if let Some(i) = self.lists.pop_front(ListId::Free) {
-            return self.claim(i, key);
+        let not_dirty = self.lists.len(ListId::Clean) + self.lists.len(ListId::Loading);
+        if not_dirty < self.clean_max || self.lists.len(ListId::Clean) == 0 {
+            if let Some(i) = self.lists.pop_front(ListId::Free) {
+                return self.claim(i, key);
+            }
         }
         while let Some(i) = self.lists.pop_front(ListId::Clean) {
             let f = &mut self.frames[i];
@@ -557,6 +572,29 @@ mod tests {
 
     fn pending() -> Arc<PendingIo> {
         PendingIo::new("test", context::current(), &SyncOptions::default())
+    }
+
+    #[test]
+    fn past_the_clean_limit_a_new_page_takes_a_clean_frame_and_free_ones_wait_for_dirty_pages() {
+        let mut f = Frames::new(8, 16);
+        f.set_clean_max(2);
+        fill(&mut f, 0..2);
+        // Page 0 turns dirty: one clean page left, so a free frame is taken.
+        let dirty = f.lookup(key(0)).unwrap();
+        f.mark_written(dirty, Class::Critical, 1);
+        fill(&mut f, 2..3);
+        assert_eq!(f.lists.len(ListId::Free), 5);
+        // Two clean pages now: a third replaces one of them.
+        fill(&mut f, 3..4);
+        assert_eq!(f.lists.len(ListId::Clean), 2);
+        assert_eq!(
+            f.lists.len(ListId::Free),
+            5,
+            "the free frames wait for dirty pages"
+        );
+        assert_eq!(f.lookup(key(0)), Some(dirty));
+        assert!(f.lookup(key(3)).is_some());
+        f.check_invariants();
     }
 
     #[test]

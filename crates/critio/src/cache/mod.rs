@@ -232,9 +232,12 @@ impl PageCache {
             .map(|s| {
                 // The remainder's frames go one each to the first parts.
                 let n = frames / count + usize::from(s < frames % count);
-                Mutex::new(Core {
-                    frames: Frames::with_shared(n, page, dirty.clone()),
-                })
+                let mut frames = Frames::with_shared(n, page, dirty.clone());
+                if cfg.clean_bytes_max > 0 {
+                    let clean = cfg.clean_bytes_max / page as u64;
+                    frames.set_clean_max((clean as usize).div_ceil(count));
+                }
+                Mutex::new(Core { frames })
             })
             .collect();
         let metrics = block.metrics().clone();
