@@ -28,6 +28,7 @@
 //! dirty_limits = true      # separate limits per class (off: one shared limit)
 //! critical_dirty_pct = 20.0
 //! noncritical_dirty_pct = 1.0
+//! clean_bytes_max = 0      # 0: clean pages may use the whole cache
 //!
 //! [log]
 //! region_offset_bytes = 0        # where the write-ahead log lives on the device
@@ -40,7 +41,8 @@
 //! [device]                       # what crate::stack::Stack::open opens
 //! spec = "mem"                   # mem | sim[:ssd|:hdd][:PATH] | file:PATH | pool:PATH
 //! capacity_bytes = 268435456     # size of mem/sim, or of a file created for it
-//! priorities = "levels"          # off | levels | classes: each class's kernel ioprio
+//! priorities = "levels"          # off | levels | classes | idle: each class's kernel ioprio
+//! queue_depth = 128              # file: commands in flight; 0 = the disk's nr_requests
 //!
 //! # [nvwc]                       # optional: a write cache in front of the device
 //! # device = "sim:ssd"
@@ -89,9 +91,11 @@ pub struct Config {
 #[serde(default, deny_unknown_fields)]
 pub struct ContextConfig {
     /// Mirror each thread's effective class into the kernel with
-    /// `ioprio_set` (critical: best-effort 0, non-critical: best-effort 7),
-    /// so the kernel's own I/O for the thread is prioritized too. Default:
-    /// false.
+    /// `ioprio_set`, with the device's priorities (`device.priorities`;
+    /// with `off`, critical best-effort 0 and non-critical best-effort 7),
+    /// so the kernel's own I/O for the thread is prioritized too. The
+    /// mirror is process-wide: a [`crate::Stack`] that turns it on turns it
+    /// off when it closes. Default: false.
     pub kernel_mirror: bool,
     /// The CPU nice value of threads marked background
     /// ([`crate::context::set_background`]) while they are non-critical;

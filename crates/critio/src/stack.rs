@@ -149,6 +149,17 @@ pub struct Stack {
     notes: Vec<String>,
 }
 
+impl Drop for Stack {
+    /// The kernel mirror is process-wide: a stack that turned it on
+    /// (`context.kernel_mirror`) turns it off as it closes, so the next
+    /// stack of the process starts from the kernel's defaults.
+    fn drop(&mut self) {
+        if self.config.context.kernel_mirror {
+            crate::context::set_kernel_mirror(None);
+        }
+    }
+}
+
 impl fmt::Debug for Stack {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Stack")
@@ -192,7 +203,7 @@ impl Stack {
                 let opts = OpenOptions {
                     capacity: wc.cache.cache_device_bytes(),
                     seed: config.device.seed.wrapping_add(1),
-                    priorities: config.device.priorities.priorities(),
+                    ..config.device.open_options()
                 };
                 let cache_dev = wc.device.open(opts).map_err(|source| StackError::Device {
                     what: "nvwc.device",
@@ -209,7 +220,10 @@ impl Stack {
         };
         let mut notes = Vec::new();
         if config.context.kernel_mirror {
-            crate::context::set_kernel_mirror(Some(crate::sys::ClassPriorities::LEVELS));
+            let priorities = config.device.priorities.priorities();
+            crate::context::set_kernel_mirror(Some(
+                priorities.unwrap_or(crate::sys::ClassPriorities::LEVELS),
+            ));
         }
         if let Err(why) = crate::context::set_background_nice(config.context.background_nice) {
             notes.push(format!("context.background_nice: {why}"));
@@ -521,21 +535,34 @@ mod tests {
             Stack::open(&small()).unwrap(),
         );
         assert_ne!(a.metrics_handle(), b.metrics_handle());
+        let count = |m: &Metrics, point| m.wait_histogram(point, crate::Class::Critical).count();
         let (log, _) = a.open_log().unwrap();
         let lock = a.sync_options("t: stack lock");
         let lock = Arc::new(crate::sync::Mutex::with_options(0u32, lock));
         std::thread::scope(|s| {
             let held = lock.lock();
-            let waiter = s.spawn(|| {
+            let (committed, told) = std::sync::mpsc::channel();
+            let (a, log, lock) = (&a, &log, &lock);
+            let waiter = s.spawn(move || {
                 let _fg = crate::context::foreground();
-                log.append_commit(b"a critical commit").unwrap();
+                // A commit waits only if the log writer has not made it
+                // durable first (on memory it often has): commit until one
+                // waited.
+                for _ in 0..1000 {
+                    log.append_commit(b"a critical commit").unwrap();
+                    if count(a.metrics(), crate::log::COMMIT_POINT) > 0 {
+                        break;
+                    }
+                }
+                committed.send(()).unwrap();
                 *lock.lock() += 1;
             });
-            std::thread::sleep(std::time::Duration::from_millis(20));
+            // The lock is held until well after the waiter came to it.
+            told.recv().unwrap();
+            std::thread::sleep(std::time::Duration::from_millis(50));
             drop(held);
             waiter.join().unwrap();
         });
-        let count = |m: &Metrics, point| m.wait_histogram(point, crate::Class::Critical).count();
         assert!(count(a.metrics(), "log: commit wait") >= 1);
         assert_eq!(count(a.metrics(), "t: stack lock"), 1);
         assert_eq!(count(b.metrics(), "log: commit wait"), 0);

@@ -1,46 +1,10 @@
 //! What the machine under a result is: the block device a path lives on,
 //! its kernel I/O scheduler, and the kernel, so every real-device table
-//! can say where it ran.
+//! can say where it ran (the disk itself is read by `critio::sys::disk_of`).
 
-use std::os::unix::fs::MetadataExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-/// The block device holding `path` and its scheduler.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Disk {
-    /// The device's name (`vda`), or what `path` is if not a block device.
-    pub name: String,
-    /// The active kernel I/O scheduler (`mq-deadline`, `none`, ...).
-    pub scheduler: Option<String>,
-}
-
-/// The active entry of a `queue/scheduler` file: `none [mq-deadline] bfq`.
-pub fn active_scheduler(text: &str) -> Option<String> {
-    let start = text.find('[')?;
-    let end = text[start..].find(']')? + start;
-    Some(text[start + 1..end].to_owned())
-}
-
-/// The block device `path` lives on (the whole disk, for a partition).
-pub fn disk_of(path: &Path) -> Option<Disk> {
-    let dev = std::fs::metadata(path).ok()?.dev();
-    let (major, minor) = (libc::major(dev), libc::minor(dev));
-    let sys = std::fs::canonicalize(format!("/sys/dev/block/{major}:{minor}")).ok()?;
-    // A partition's queue is its disk's, one directory up.
-    let queue = |p: &PathBuf| p.join("queue/scheduler");
-    let disk = if queue(&sys).exists() {
-        sys
-    } else {
-        sys.parent()?.to_path_buf()
-    };
-    let scheduler = std::fs::read_to_string(queue(&disk))
-        .ok()
-        .and_then(|t| active_scheduler(&t));
-    Some(Disk {
-        name: disk.file_name()?.to_string_lossy().into_owned(),
-        scheduler,
-    })
-}
+pub use critio::sys::disk_of;
 
 /// The running kernel's release.
 pub fn kernel() -> String {
@@ -66,16 +30,6 @@ pub fn describe(path: &Path) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_bracketed_scheduler_is_the_active_one() {
-        assert_eq!(
-            active_scheduler("none [mq-deadline] kyber bfq\n").as_deref(),
-            Some("mq-deadline")
-        );
-        assert_eq!(active_scheduler("[none] bfq").as_deref(), Some("none"));
-        assert_eq!(active_scheduler("none"), None);
-    }
 
     #[test]
     fn the_current_directory_is_on_some_device() {

@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::RwLock;
 
 use super::task::Task;
-use crate::sys::{set_thread_ioprio_or_fallback, ClassPriorities};
+use crate::sys::{set_thread_ioprio, set_thread_ioprio_or_fallback, ClassPriorities, IoPriority};
 
 static ON: AtomicBool = AtomicBool::new(false);
 static PRIORITIES: RwLock<Option<ClassPriorities>> = RwLock::new(None);
@@ -107,13 +107,16 @@ fn mirror_cpu(task: &Task) {
 }
 
 /// Turns the mirror on with `priorities` (or off with `None`). Turning it on
-/// sets every registered thread's kernel priority at once.
+/// sets every registered thread's kernel priority at once; turning it off
+/// gives every registered thread the kernel's default back.
 pub fn set_kernel_mirror(priorities: Option<ClassPriorities>) {
     *PRIORITIES.write().unwrap_or_else(|e| e.into_inner()) = priorities;
-    ON.store(priorities.is_some(), Ordering::SeqCst);
-    if priorities.is_some() {
-        for task in super::registry::all() {
+    let was_on = ON.swap(priorities.is_some(), Ordering::SeqCst);
+    for task in super::registry::all() {
+        if priorities.is_some() {
             mirror(&task);
+        } else if was_on {
+            let _ = set_thread_ioprio(task.os_tid(), IoPriority::None);
         }
     }
 }

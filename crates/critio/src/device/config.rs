@@ -7,8 +7,14 @@
 //! spec = "file:/var/lib/app/critio.img"  # mem | sim[:ssd|:hdd][:PATH] | file:PATH | pool:PATH
 //! capacity_bytes = 1073741824            # size of mem/sim, or of a file created because it did not exist
 //! seed = 1                               # the simulated device's random seed
-//! priorities = "levels"                  # off | levels (BE 0 / BE 7) | classes (RT 0 / IDLE)
+//! priorities = "levels"                  # off | levels (BE 0 / BE 7) | classes (RT 0 / IDLE) | idle (BE 4 / IDLE)
+//! queue_depth = 128                      # commands in flight on file:; 0 = the kernel's queue (nr_requests)
 //! ```
+//!
+//! On a simulated drive, `levels` and `classes` also switch on the
+//! firmware's priority (it serves critical commands first, paper 001);
+//! `off` and `idle` leave it a plain throughput-first drive, as the kernel's
+//! priorities never reach one.
 //!
 //! A [`DeviceSpec`] is written in the config as the same string the command
 //! line takes (see [`super::spec`]).
@@ -35,6 +41,12 @@ pub enum PriorityMode {
     /// Strict classes: realtime 0 for critical, idle for non-critical
     /// ([`ClassPriorities::default`]), what `ionice` users pick.
     Classes,
+    /// What `ionice -c3` on background threads gives, and nothing more:
+    /// non-critical commands in the kernel's idle class, the rest at
+    /// best-effort 4, the priority the kernel gives a thread nobody set
+    /// ([`ClassPriorities::IDLE_BACKGROUND`]). The baseline that leaves
+    /// priority to the kernel's I/O scheduler.
+    Idle,
 }
 
 impl PriorityMode {
@@ -44,7 +56,15 @@ impl PriorityMode {
             PriorityMode::Off => None,
             PriorityMode::Levels => Some(ClassPriorities::LEVELS),
             PriorityMode::Classes => Some(ClassPriorities::default()),
+            PriorityMode::Idle => Some(ClassPriorities::IDLE_BACKGROUND),
         }
+    }
+
+    /// Whether a simulated drive's firmware serves critical commands first
+    /// under this mode: with `levels` and `classes`, the modes in which
+    /// critio hands each command's class to the device.
+    pub fn drive_priority(self) -> bool {
+        matches!(self, PriorityMode::Levels | PriorityMode::Classes)
     }
 }
 
@@ -64,6 +84,11 @@ pub struct DeviceConfig {
     pub seed: u64,
     /// The kernel priority of each class's commands. Default `levels`.
     pub priorities: PriorityMode,
+    /// Commands in flight at a `file:` device (its io_uring's size): a
+    /// power of two up to 4096, or 0 for the kernel's own queue depth, the
+    /// `nr_requests` of the file's disk (rounded up to a power of two; 128
+    /// where it cannot be read). Default 128.
+    pub queue_depth: u32,
 }
 
 impl Default for DeviceConfig {
@@ -73,6 +98,7 @@ impl Default for DeviceConfig {
             capacity_bytes: 256 << 20,
             seed: 1,
             priorities: PriorityMode::Levels,
+            queue_depth: crate::device::uring::ENTRIES_DEFAULT,
         }
     }
 }
@@ -87,6 +113,17 @@ impl DeviceConfig {
                 allowed: "must be a positive multiple of 4096".into(),
             });
         }
+        let depth = self.queue_depth;
+        if depth != 0 && (!depth.is_power_of_two() || depth > crate::device::uring::ENTRIES_MAX) {
+            return Err(ConfigError::Invalid {
+                field: "device.queue_depth",
+                value: depth.to_string(),
+                allowed: format!(
+                    "must be 0 (the kernel's queue depth) or a power of two up to {}",
+                    crate::device::uring::ENTRIES_MAX
+                ),
+            });
+        }
         Ok(())
     }
 
@@ -96,6 +133,8 @@ impl DeviceConfig {
             capacity: self.capacity_bytes,
             seed: self.seed,
             priorities: self.priorities.priorities(),
+            drive_priority: self.priorities.drive_priority(),
+            queue_depth: self.queue_depth,
         }
     }
 }
@@ -132,5 +171,33 @@ mod tests {
         };
         let err = bad.validate().unwrap_err().to_string();
         assert!(err.contains("device.capacity_bytes"), "{err}");
+        let bad = DeviceConfig {
+            queue_depth: 100,
+            ..DeviceConfig::default()
+        };
+        let err = bad.validate().unwrap_err().to_string();
+        assert!(err.contains("device.queue_depth"), "{err}");
+        let kernel = DeviceConfig {
+            queue_depth: 0,
+            ..DeviceConfig::default()
+        };
+        kernel.validate().unwrap();
+    }
+
+    #[test]
+    fn each_mode_says_what_the_kernel_and_a_simulated_drive_get() {
+        let idle: DeviceConfig = toml::from_str("priorities = \"idle\"").unwrap();
+        let opts = idle.open_options();
+        assert_eq!(opts.priorities, Some(ClassPriorities::IDLE_BACKGROUND));
+        assert!(!opts.drive_priority, "ionice never reaches the drive");
+        for (mode, drive) in [
+            (PriorityMode::Off, false),
+            (PriorityMode::Idle, false),
+            (PriorityMode::Levels, true),
+            (PriorityMode::Classes, true),
+        ] {
+            assert_eq!(mode.drive_priority(), drive, "{mode:?}");
+        }
+        assert_eq!(PriorityMode::Off.priorities(), None);
     }
 }

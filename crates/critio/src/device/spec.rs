@@ -50,6 +50,12 @@ pub struct OpenOptions {
     /// Kernel priorities of each class for `file:` and `pool:` devices
     /// (`None`: no per-request priority).
     pub priorities: Option<ClassPriorities>,
+    /// A simulated drive's firmware serves critical commands first.
+    pub drive_priority: bool,
+    /// Commands in flight at a `file:` device: a power of two, or 0 for
+    /// the kernel's queue depth of the file's disk
+    /// ([`super::uring::kernel_queue_depth`]).
+    pub queue_depth: u32,
 }
 
 impl Default for OpenOptions {
@@ -58,6 +64,8 @@ impl Default for OpenOptions {
             capacity: 1 << 30,
             seed: 0,
             priorities: Some(ClassPriorities::LEVELS),
+            drive_priority: true,
+            queue_depth: super::uring::ENTRIES_DEFAULT,
         }
     }
 }
@@ -134,19 +142,24 @@ impl DeviceSpec {
                     Profile::Ssd => SimConfig::ssd(opts.capacity, opts.seed),
                     Profile::Hdd => SimConfig::hdd(opts.capacity, opts.seed),
                 };
-                let cfg = match file {
+                let mut cfg = match file {
                     Some(p) => base.with_file(p),
                     None => base,
                 };
+                cfg.priority_aware = opts.drive_priority;
                 Arc::new(SimDevice::new(cfg)?)
             }
             DeviceSpec::Uring(p) => Arc::new(UringDevice::open(
                 p,
                 UringOptions {
                     create_size: Some(opts.capacity),
+                    entries: match opts.queue_depth {
+                        0 => super::uring::kernel_queue_depth(p)
+                            .unwrap_or(super::uring::ENTRIES_DEFAULT),
+                        n => n,
+                    },
                     per_request_ioprio: opts.priorities.is_some(),
                     priorities: opts.priorities.unwrap_or_default(),
-                    ..UringOptions::default()
                 },
             )?),
             DeviceSpec::Pool(p) => Arc::new(PoolDevice::open(
@@ -204,6 +217,36 @@ mod tests {
             .expect("cannot open under a missing directory")
             .to_string();
         assert!(e.contains("/nonexistent-dir"), "{e}");
+    }
+
+    #[test]
+    fn a_file_device_is_as_deep_as_the_kernels_queue_when_asked() {
+        let dir = std::env::temp_dir().join(format!("critio-depth-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("dev.img");
+        let spec = DeviceSpec::Uring(path.clone());
+        for (asked, want) in [
+            (64, Some(64)),
+            (0, super::super::uring::kernel_queue_depth(&dir)),
+        ] {
+            let opts = OpenOptions {
+                capacity: 1 << 20,
+                queue_depth: asked,
+                ..OpenOptions::default()
+            };
+            match spec.open(opts) {
+                Ok(dev) => assert_eq!(
+                    dev.info().queue_depth,
+                    want.unwrap_or(super::super::uring::ENTRIES_DEFAULT),
+                    "queue_depth {asked} on {}",
+                    dir.display()
+                ),
+                // No io_uring or O_DIRECT here: nothing to check.
+                Err(DeviceOpenError::Unsupported { .. }) => {}
+                Err(e) => panic!("{e}"),
+            }
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -23,16 +23,19 @@
 //! |--------|---------------------------------------------------------------|
 //! | `raw`  | the two system calls and the kernel's 16-bit priority layout  |
 //! | `prio` | [`IoPriority`], [`ClassPriorities`], the thread functions     |
+//! | `disk` | the disk under a path: name, I/O scheduler, queue depth (sysfs) |
 //!
 //! `raw` is one of the two places in critio with `unsafe` (the other is
 //! `device::uring`, which hands the kernel buffers in SQEs); each `unsafe`
 //! block says why it is sound. The same items are re-exported from
 //! `critio::device::uring`, where they used to live.
 
+mod disk;
 mod prio;
 #[allow(unsafe_code)] // the ioprio system calls: `libc::syscall`
 mod raw;
 
+pub use disk::{active_scheduler, disk_of, Disk};
 pub use prio::{
     set_thread_ioprio, set_thread_ioprio_or_fallback, thread_ioprio, ClassPriorities, InvalidLevel,
     IoPriority,

@@ -164,6 +164,15 @@ impl ClassPriorities {
         non_critical: IoPriority::BestEffort(7),
     };
 
+    /// What `ionice -c3` on the background threads gives: non-critical I/O
+    /// in the idle class, critical I/O at best-effort 4, the level the
+    /// kernel gives a thread whose priority nobody set (its nice 0). The
+    /// kernel's I/O scheduler alone decides; critio only labels.
+    pub const IDLE_BACKGROUND: ClassPriorities = ClassPriorities {
+        critical: IoPriority::BestEffort(4),
+        non_critical: IoPriority::Idle,
+    };
+
     /// The priority of `class`.
     pub fn of(&self, class: Class) -> IoPriority {
         match class {

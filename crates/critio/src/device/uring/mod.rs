@@ -78,6 +78,16 @@ pub const ENTRIES_MAX: u32 = 4096;
 const _: () = assert!(ENTRIES_DEFAULT.is_power_of_two());
 const _: () = assert!(ENTRIES_DEFAULT <= ENTRIES_MAX);
 
+/// The kernel's queue depth for the disk holding `path` (its
+/// `nr_requests`), rounded up to a power of two and at most
+/// [`ENTRIES_MAX`]: the ring size of a device that is to be as deep as the
+/// kernel's own queue. `None` where there is no disk behind the path
+/// (tmpfs) or `/sys` does not say.
+pub fn kernel_queue_depth(path: &Path) -> Option<u32> {
+    let n = crate::sys::disk_of(path)?.nr_requests?;
+    Some(n.max(1).next_power_of_two().min(ENTRIES_MAX))
+}
+
 /// How to open a [`UringDevice`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct UringOptions {
