@@ -4,17 +4,29 @@
 //! Schemes (DESIGN.md section 7) are named configurations of the same stack,
 //! so experiments compare them in one run:
 //!
-//! | scheme        | block layer              | cache dirty limits | inheritance (locks, condvars, I/O) | device priority           |
-//! |---------------|--------------------------|--------------------|------------------------------------|---------------------------|
-//! | `none`        | one FIFO                 | one shared limit   | off                                | off                       |
-//! | `kernel-idle` | classes by task (the kernel's idle class), no cap | one shared limit | off            | RT / IDLE (file devices)  |
-//! | `static`      | classes by task, cap     | per class          | off                                | levels                    |
-//! | `sync-first`  | classes by sync/async    | one shared limit   | off                                | levels                    |
-//! | `rcp`         | classes by task, cap, promotion | per class   | on                                 | levels                    |
+//! On a simulated or memory device:
+//!
+//! | scheme        | block layer              | cache dirty limits | inheritance (locks, condvars, I/O) | drive firmware priority |
+//! |---------------|--------------------------|--------------------|------------------------------------|-------------------------|
+//! | `none`        | one FIFO                 | one shared limit   | off                                | off                     |
+//! | `kernel-idle` | two queues, idle class emulated (background only when no request I/O waits), no cap | one shared limit | off | off |
+//! | `static`      | classes by task, cap     | per class          | off                                | on                      |
+//! | `sync-first`  | classes by sync/async    | one shared limit   | off                                | on                      |
+//! | `rcp`         | classes by task, cap, promotion | per class   | on                                 | on                      |
+//!
+//! On a real device (`file:`, `pool:`) the two baselines are what Linux
+//! itself does, not emulations: critio's block layer is a plain FIFO
+//! pass-through as deep as the kernel's queue (the disk's `nr_requests`),
+//! and the kernel's I/O scheduler decides.
+//!
+//! | scheme        | critio's block layer     | kernel I/O priority                                        |
+//! |---------------|--------------------------|------------------------------------------------------------|
+//! | `none`        | pass-through             | none set: every request the kernel's default               |
+//! | `kernel-idle` | pass-through             | `ionice -c3` on background threads (`ioprio_set`, the kernel mirror), their I/O in the idle class, request I/O best-effort 4 |
+//! | `static`, `sync-first`, `rcp` | as above | per-request levels: critical BE 0, non-critical BE 7 |
 //!
 //! `kernel-idle` is the best a user can do today with `ionice -c3` on the
-//! background threads: the I/O scheduler serves idle-class requests only
-//! when nothing else waits, and nothing else in the stack knows about it.
+//! background threads, and nothing else in the stack knows about it.
 //!
 //! The layers come from [`critio::Stack`]: a [`StackConfig`] becomes one
 //! critio [`Config`] (the scheme's switches, `[device]`, `[nvwc]`), and
@@ -36,6 +48,7 @@ use std::sync::Arc;
 
 use critio::block::{BlockScheme, NoncriticalCap};
 use critio::config::Config;
+use critio::device::uring::ENTRIES_DEFAULT;
 use critio::device::{DeviceConfig, DeviceSpec, PriorityMode};
 use critio::nvwc::{NvwcConfig, WriteCacheConfig};
 use critio::sys::ClassPriorities;
@@ -82,11 +95,16 @@ impl Scheme {
         }
     }
 
-    /// `base` with this scheme's switches applied.
+    /// `base` with this scheme's switches applied, for the device in its
+    /// `[device]` section (the baselines differ between real and simulated
+    /// devices: see the module docs).
     pub fn apply(self, base: &Config) -> Config {
         let mut c = base.clone();
+        let real = is_real(&c.device.spec);
+        let passthrough = real && self.is_baseline();
         let (block, dirty_limits, inheritance) = match self {
             Scheme::None => (BlockScheme::None, false, false),
+            Scheme::KernelIdle if passthrough => (BlockScheme::None, false, false),
             Scheme::KernelIdle => (BlockScheme::Static, false, false),
             Scheme::Static => (BlockScheme::Static, true, false),
             Scheme::SyncFirst => (BlockScheme::SyncFirst, false, false),
@@ -101,20 +119,37 @@ impl Scheme {
         if !matches!(self, Scheme::Static | Scheme::Rcp) {
             c.context.background_nice = 0;
         }
-        if self == Scheme::KernelIdle {
-            // An idle-class queue: no cap on background at the device.
+        if self == Scheme::KernelIdle && !passthrough {
+            // The emulated idle class: no cap on background at the device.
             c.block.noncritical_cap = NoncriticalCap::Fixed(0);
         }
+        c.device.priorities = self.priority_mode();
+        if passthrough {
+            // As deep as the kernel's queue, so the kernel's scheduler sees
+            // everything a plain program would give it.
+            // (One FIFO admits critical_slots + noncritical_slots, 256 by
+            // default, as many as mq-deadline's nr_requests.)
+            c.device.queue_depth = 0;
+        }
+        // ionice -c3 on the background threads themselves.
+        c.context.kernel_mirror = real && self == Scheme::KernelIdle;
         c
     }
 
-    /// The kernel priorities a file device gets under this scheme: none,
-    /// strict classes for `kernel-idle` (what `ionice` gives), levels for
-    /// the rest.
+    /// `none` and `kernel-idle`: the settings a user has without critio.
+    pub fn is_baseline(self) -> bool {
+        matches!(self, Scheme::None | Scheme::KernelIdle)
+    }
+
+    /// The kernel priorities a file device gets under this scheme: none
+    /// for `none`, `ionice -c3` for `kernel-idle` (idle class for
+    /// background I/O, the kernel's default for the rest), levels for the
+    /// schemes that classify (and a simulated drive's priority firmware
+    /// with them).
     pub fn priority_mode(self) -> PriorityMode {
         match self {
             Scheme::None => PriorityMode::Off,
-            Scheme::KernelIdle => PriorityMode::Classes,
+            Scheme::KernelIdle => PriorityMode::Idle,
             _ => PriorityMode::Levels,
         }
     }
@@ -123,6 +158,37 @@ impl Scheme {
     pub fn device_priorities(self) -> Option<ClassPriorities> {
         self.priority_mode().priorities()
     }
+
+    /// One line on how this scheme is made on `device`, for the output of
+    /// every experiment (a baseline on a simulated device is an emulation,
+    /// and says so).
+    pub fn describe(self, device: &DeviceSpec) -> String {
+        let real = is_real(device);
+        let depth = match device {
+            DeviceSpec::Uring(p) => critio::device::uring::kernel_queue_depth(p).map_or_else(
+                || format!("{ENTRIES_DEFAULT} deep"),
+                |d| format!("{d} deep, the kernel's nr_requests"),
+            ),
+            _ => "as deep as its workers".to_owned(),
+        };
+        match (self, real) {
+            (Scheme::None, true) => format!(
+                "none: critio's block layer a FIFO pass-through ({depth}), no I/O priority set, no classes: the kernel's I/O scheduler decides"
+            ),
+            (Scheme::KernelIdle, true) => format!(
+                "kernel-idle: ionice -c3 on background threads (ioprio_set) and their I/O in the idle class, request I/O best-effort 4; critio's block layer a FIFO pass-through ({depth}): the kernel's I/O scheduler decides"
+            ),
+            (Scheme::None, false) => "none: one FIFO, no classes, drive firmware throughput-first".to_owned(),
+            (Scheme::KernelIdle, false) => "kernel-idle (emulated: no kernel under a simulated drive): critio's two queues, background dispatched only when no request I/O waits, no cap; drive firmware throughput-first".to_owned(),
+            (s, true) => format!("{s}: critio's classes, requests at ioprio BE 0 and background at BE 7"),
+            (s, false) => format!("{s}: critio's classes, drive firmware serves critical commands first"),
+        }
+    }
+}
+
+/// Whether `device` is a real one (a file through io_uring or the pool).
+fn is_real(device: &DeviceSpec) -> bool {
+    matches!(device, DeviceSpec::Uring(_) | DeviceSpec::Pool(_))
 }
 
 impl fmt::Display for Scheme {
@@ -230,16 +296,17 @@ impl StackConfig {
     /// switches and the tweak applied, and the device and write cache in
     /// its `[device]` and `[nvwc]` sections.
     pub fn critio_config(&self) -> Config {
-        let mut config = self.scheme.apply(&self.critio);
-        if let Some(tweak) = self.tweak {
-            tweak(&mut config);
-        }
-        config.device = DeviceConfig {
+        let mut base = self.critio.clone();
+        base.device = DeviceConfig {
             spec: self.device.clone(),
             capacity_bytes: self.capacity,
             seed: self.seed,
-            priorities: self.scheme.priority_mode(),
+            ..self.critio.device.clone()
         };
+        let mut config = self.scheme.apply(&base);
+        if let Some(tweak) = self.tweak {
+            tweak(&mut config);
+        }
         config.nvwc = self.write_cache.as_ref().map(|wc| WriteCacheConfig {
             device: wc.device.clone(),
             cache: wc.config,
@@ -320,5 +387,72 @@ mod tests {
         }
         let err = Stack::open(&cfg).err().expect("refused").to_string();
         assert!(err.contains("nvwc"), "{err}");
+    }
+
+    fn config_on(device: &str, scheme: Scheme) -> Config {
+        StackConfig {
+            device: device.parse().unwrap(),
+            scheme,
+            ..StackConfig::default()
+        }
+        .critio_config()
+    }
+
+    #[test]
+    fn on_a_real_file_the_baselines_are_the_kernels_own() {
+        let none = config_on("file:/d/x.img", Scheme::None);
+        assert_eq!(none.block.scheme, BlockScheme::None);
+        assert_eq!(none.device.priorities, PriorityMode::Off);
+        assert_eq!(none.device.queue_depth, 0, "as deep as the kernel's queue");
+        assert!(!none.context.kernel_mirror);
+
+        let idle = config_on("file:/d/x.img", Scheme::KernelIdle);
+        assert_eq!(
+            idle.block.scheme,
+            BlockScheme::None,
+            "critio passes through"
+        );
+        assert!(!idle.sync.inheritance && !idle.cache.dirty_limits);
+        assert_eq!(idle.device.priorities, PriorityMode::Idle);
+        assert!(
+            idle.context.kernel_mirror,
+            "ionice -c3 on background threads"
+        );
+        assert_eq!(idle.device.queue_depth, 0);
+        let pool = config_on("pool:/d/x.img", Scheme::KernelIdle);
+        assert_eq!(pool.block.scheme, BlockScheme::None);
+
+        let rcp = config_on("file:/d/x.img", Scheme::Rcp);
+        assert_eq!(rcp.block.scheme, BlockScheme::Rcp);
+        assert_eq!(rcp.device.priorities, PriorityMode::Levels);
+        assert_ne!(rcp.device.queue_depth, 0);
+        assert!(!rcp.context.kernel_mirror);
+        assert!(Scheme::KernelIdle
+            .describe(&"file:/d/x.img".parse().unwrap())
+            .contains("ionice -c3"));
+    }
+
+    #[test]
+    fn on_a_simulated_drive_the_baselines_are_emulated_and_say_so() {
+        let idle = config_on("sim:ssd", Scheme::KernelIdle);
+        assert_eq!(idle.block.scheme, BlockScheme::Static);
+        assert_eq!(idle.block.noncritical_cap, NoncriticalCap::Fixed(0));
+        assert!(!idle.context.kernel_mirror);
+        assert!(!idle.device.open_options().drive_priority);
+        let sim = "sim:ssd".parse().unwrap();
+        assert!(Scheme::KernelIdle.describe(&sim).contains("emulated"));
+        for scheme in [Scheme::Static, Scheme::SyncFirst, Scheme::Rcp] {
+            let c = config_on("sim:ssd", scheme);
+            assert!(
+                c.device.open_options().drive_priority,
+                "{scheme}: the simulated drive's firmware knows the classes"
+            );
+        }
+        assert!(
+            !config_on("sim:ssd", Scheme::None)
+                .device
+                .open_options()
+                .drive_priority
+        );
     }
 }
