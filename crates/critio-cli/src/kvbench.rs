@@ -55,6 +55,66 @@ pub struct KvResult {
     pub checkpoint_ms: f64,
     /// Where critical tasks waited.
     pub waits: MetricsSnapshot,
+    /// Pages the cache wrote back during the window (its writeback thread,
+    /// reclaim and flushes), in MiB.
+    pub written_back_mib: f64,
+    /// Writes that waited in dirty throttling during the window.
+    pub throttled: u64,
+    /// How the run is made on its device (the scheme as realized there,
+    /// and for the isolation run what was sized).
+    pub how: String,
+}
+
+/// How the isolation run is sized: the same load with no background I/O
+/// competing, and nothing throttled for its absence. Without checkpoints
+/// the value log's pages stay dirty, so the cache gets room on top of the
+/// workload's for every page the run can dirty (room only dirty pages may
+/// use: clean pages keep the workload's cache size, so reads hit as often
+/// as in the other runs), its dirty limit is that room, and no page ages
+/// into writeback: a request never waits on writeback or throttling.
+#[derive(Clone, Copy, Debug)]
+pub struct Isolation {
+    /// Bytes the run may dirty: the fastest run so far's write rate over
+    /// the whole run (warm-up included), twice over (the cache's parts
+    /// fill unevenly).
+    pub dirty_bytes: u64,
+}
+
+impl Isolation {
+    /// Sized for `w` at up to `ops_per_s` operations a second for `secs`
+    /// measured seconds.
+    pub fn for_rate(w: &KvWorkload, ops_per_s: f64, secs: f64) -> Self {
+        const RECORD_OVERHEAD: f64 = 96.0; // key, header, padding
+        let writes = ops_per_s * (1.0 - w.read_proportion) * (w.warmup_s + secs + 1.0);
+        let bytes = 2.0 * writes * (w.value_bytes as f64 + RECORD_OVERHEAD);
+        let mib = ((bytes / (1u64 << 20) as f64).ceil() as u64).max(16);
+        Isolation {
+            dirty_bytes: mib << 20,
+        }
+    }
+
+    fn apply(&self, cache: &mut critio::cache::CacheConfig) {
+        let total = cache.capacity_bytes + self.dirty_bytes;
+        // Reads see the cache every other run has; the room on top is for
+        // dirty pages only.
+        cache.clean_bytes_max = cache.capacity_bytes;
+        let pct = (100.0 * self.dirty_bytes as f64 / total as f64).min(98.0);
+        cache.capacity_bytes = total;
+        cache.critical_dirty_pct = pct;
+        cache.noncritical_dirty_pct = 1.0;
+        cache.shared_dirty_pct = pct;
+        cache.background_pct = 100.0;
+        cache.dirty_expire_ms = 24 * 3600 * 1000;
+    }
+
+    /// One line for the output.
+    pub fn describe(&self, w: &KvWorkload) -> String {
+        format!(
+            "isolation: rcp with no checkpoints and no BGSAVE; the page cache gets {} MiB for dirty pages only on top of its {} MiB (clean pages keep the {1} MiB), enough for every page the run can dirty, no page ages into writeback, and the log holds the run: no request waits on writeback (the written-back column shows it)",
+            self.dirty_bytes >> 20,
+            w.cache_bytes >> 20
+        )
+    }
 }
 
 /// A preloaded store, copied for each run. On a simulated device its
@@ -137,9 +197,17 @@ impl Drop for Template {
     }
 }
 
-fn stack_config(w: &KvWorkload, device: DeviceSpec, spec: &RunSpec) -> StackConfig {
+fn stack_config(
+    w: &KvWorkload,
+    device: DeviceSpec,
+    spec: &RunSpec,
+    isolation: Option<Isolation>,
+) -> StackConfig {
     let mut critio = default_critio_config();
     critio.cache.capacity_bytes = w.cache_bytes;
+    if let Some(iso) = isolation {
+        iso.apply(&mut critio.cache);
+    }
     StackConfig {
         device,
         capacity: w.capacity_bytes,
@@ -175,7 +243,7 @@ pub fn preload(w: &KvWorkload, progress: &ProgressBar) -> Result<Template, Strin
         tweak: None,
     };
     let stack =
-        Stack::open(&stack_config(w, t.device(&t.file), &spec)).map_err(|e| e.to_string())?;
+        Stack::open(&stack_config(w, t.device(&t.file), &spec, None)).map_err(|e| e.to_string())?;
     let mut rng = SmallRng::seed_from_u64(1);
     let batch = 64u64;
     progress.set_length(w.records);
@@ -330,12 +398,14 @@ pub(crate) fn measure_window<T>(
     })
 }
 
-/// Runs one configuration on a copy of the template.
+/// Runs one configuration on a copy of the template; a run without
+/// background work (the isolation limit) is sized by `isolation`.
 pub fn run(
     w: &KvWorkload,
     t: &Template,
     spec: &RunSpec,
     secs: f64,
+    isolation: Isolation,
     progress: &ProgressBar,
 ) -> Result<KvResult, String> {
     let file = t.dir.join(format!(
@@ -344,9 +414,16 @@ pub fn run(
     ));
     copy_durably(&t.file, &file)?;
     let _remove = RemoveOnDrop(file.clone()); // after the stack below closes
-    let cfg = stack_config(w, t.device(&file), spec);
+    let isolation = (!spec.background).then_some(isolation);
+    let device = t.device(&file);
+    let how = match isolation {
+        Some(iso) => iso.describe(w),
+        None => spec.scheme.describe(&device),
+    };
+    let cfg = stack_config(w, device, spec, isolation);
     let stack = Stack::open(&cfg).map_err(|e| e.to_string())?;
     let engine = stack.engine.clone();
+    let cache = stack.io.cache().clone();
     let mut last_bgsave = Instant::now();
     let win = measure_window(
         &stack,
@@ -354,7 +431,7 @@ pub fn run(
         w,
         secs,
         progress,
-        || engine.background_stats(),
+        || (engine.background_stats(), cache.stats()),
         || {
             if spec.background
                 && w.bgsave_every_s > 0.0
@@ -370,8 +447,13 @@ pub fn run(
     let _ = std::fs::remove_file(&file);
     let (before, after, latency, elapsed, waits) =
         (win.before, win.after, win.latency, win.elapsed, win.waits);
+    let ((before, cache_before), (after, cache_after)) = (before, after);
     let checkpoints = after.checkpoints - before.checkpoints;
     let ms = after.checkpoint_ms_total - before.checkpoint_ms_total;
+    let page = cfg.critio.cache.page_bytes as f64;
+    let written_back_mib = (cache_after.writeback_pages - cache_before.writeback_pages) as f64
+        * page
+        / (1u64 << 20) as f64;
     Ok(KvResult {
         label: spec.label,
         throughput: latency.count() as f64 / elapsed,
@@ -383,5 +465,8 @@ pub fn run(
             0.0
         },
         waits,
+        written_back_mib,
+        throttled: cache_after.throttled - cache_before.throttled,
+        how,
     })
 }

@@ -80,7 +80,10 @@ pub fn run(args: &BenchArgs) -> Result<Report, String> {
     );
     let stem = args.out_dir().join("e1-request-latency-ccdf");
     let (png, _) = demo::ccdf_plot(&stem, "E1: request latency CCDF per scheme", &results)?;
-    let mut tables = vec![demo::latency_table(&title, &results)];
+    let mut tables = vec![
+        demo::latency_table(&title, &results),
+        demo::how_table(&results),
+    ];
     for r in &results {
         tables.push(Table::wait_points(
             &format!("wait points of critical tasks: {}", r.label),

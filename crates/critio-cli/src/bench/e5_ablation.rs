@@ -89,6 +89,7 @@ pub fn run(args: &BenchArgs) -> Result<Report, String> {
             "p99.9 ms",
             "p99.9 vs full",
             "checkpoints",
+            "written back MiB",
         ],
     );
     for r in &results {
@@ -99,6 +100,7 @@ pub fn run(args: &BenchArgs) -> Result<Report, String> {
             json!(p999(r)),
             json!(p999(r) / p999(full)),
             json!(r.checkpoints),
+            json!(r.written_back_mib),
         ]);
     }
     let worst = results[1..]
@@ -109,7 +111,7 @@ pub fn run(args: &BenchArgs) -> Result<Report, String> {
         experiment: "e5-ablation".into(),
         description:
             "throughput with each rcp component switched off in turn, normalized to full rcp".into(),
-        tables: vec![t],
+        tables: vec![t, demo::how_table(&results)],
         targets: vec![Target::new(
             "largest-throughput-loss-without-one-component",
             worst,
