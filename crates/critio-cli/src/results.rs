@@ -1,12 +1,20 @@
 //! `critio bench all --results docs/RESULTS.md`: runs every experiment and
 //! writes one document with each table, its plot, the machine it ran on,
 //! and what the paper reported for the same experiment, side by side.
+//!
+//! Each experiment runs on the devices its entry names
+//! ([`bench::Experiment::results_on`]): the key-value experiments on a real
+//! file in the results directory (io_uring, O_DIRECT; the section names the
+//! disk, its kernel I/O scheduler and the kernel) and on the simulated
+//! device, the drive-model experiments on the simulation only. Plots and
+//! JSON go to `results/file/` and `results/sim/`. `--device SPEC` runs
+//! every experiment once on SPEC instead.
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use crate::bench::{self, BenchArgs, Report};
+use crate::bench::{self, BenchArgs, Report, ResultsOn};
 
 /// What each paper reported, per experiment (quoted from `papers/`).
 fn paper(experiment: &str) -> &'static str {
@@ -70,8 +78,13 @@ fn machine() -> String {
     )
 }
 
-fn section(doc: &mut String, r: &Report, plots: &[PathBuf], doc_dir: &Path, secs: f64) {
-    let _ = writeln!(doc, "## {}\n\n{}\n", r.experiment, r.description);
+fn section(doc: &mut String, r: &Report, on: &str, plots: &[PathBuf], doc_dir: &Path, secs: f64) {
+    let title = if on.is_empty() {
+        r.experiment.clone()
+    } else {
+        format!("{} {on}", r.experiment)
+    };
+    let _ = writeln!(doc, "## {title}\n\n{}\n", r.description);
     let _ = writeln!(
         doc,
         "**What the paper reported.** {}\n",
@@ -102,35 +115,70 @@ pub fn write(path: &Path, quick: bool, device: Option<String>) -> Result<(), Str
         if quick { " --quick" } else { "" },
         machine()
     );
-    for e in bench::EXPERIMENTS.iter().filter(|e| e.in_results) {
-        eprintln!("results: running {}", e.name);
-        let args = BenchArgs {
-            quick,
-            json: Some(plot_dir.join(format!("{}.json", e.name))),
-            device: device.clone(),
-            workload: None,
+    for e in bench::EXPERIMENTS {
+        // With --device, every experiment once on it; else each on the
+        // devices it is shown on, a real file first.
+        let runs: Vec<(Option<ResultsOn>, Option<String>)> = match &device {
+            Some(d) if !e.results_on.is_empty() => vec![(None, Some(d.clone()))],
+            Some(_) => Vec::new(),
+            None => e.results_on.iter().map(|&on| (Some(on), None)).collect(),
         };
-        let started = Instant::now();
-        let report = (e.run)(&args)?;
-        report
-            .write_json(args.json.as_deref().expect("set above"))
-            .map_err(|err| format!("cannot write the JSON of {}: {err}", e.name))?;
-        let plots: Vec<PathBuf> = std::fs::read_dir(&plot_dir)
-            .map_err(|err| err.to_string())?
-            .filter_map(|d| d.ok().map(|d| d.path()))
-            .filter(|p| p.extension().is_some_and(|x| x == "png"))
-            .filter(|p| {
-                p.file_name()
-                    .is_some_and(|n| n.to_string_lossy().starts_with(e.name))
-            })
-            .collect();
-        section(
-            &mut doc,
-            &report,
-            &plots,
-            &doc_dir,
-            started.elapsed().as_secs_f64(),
-        );
+        for (on, given) in runs {
+            let dir = plot_dir.join(on.map_or("", ResultsOn::dir));
+            std::fs::create_dir_all(&dir)
+                .map_err(|err| format!("cannot create {}: {err}", dir.display()))?;
+            // A real file's images live in a scratch directory beside the
+            // results, removed when the experiment ends.
+            let scratch = plot_dir.join(format!("scratch-{}", std::process::id()));
+            let device = match on {
+                Some(ResultsOn::File) => {
+                    std::fs::create_dir_all(&scratch)
+                        .map_err(|err| format!("cannot create {}: {err}", scratch.display()))?;
+                    Some(format!("file:{}", scratch.join(e.name).display()))
+                }
+                _ => given,
+            };
+            let label = match on {
+                Some(ResultsOn::File) => format!(
+                    "on a file (io_uring, O_DIRECT): {}",
+                    bench::host::describe(&scratch)
+                ),
+                Some(ResultsOn::Sim) => "on its simulated device".to_owned(),
+                Some(ResultsOn::Any) => String::new(),
+                None => format!("on {}", device.as_deref().unwrap_or("?")),
+            };
+            eprintln!("results: running {} {label}", e.name);
+            let args = BenchArgs {
+                quick,
+                json: Some(dir.join(format!("{}.json", e.name))),
+                device,
+                workload: None,
+            };
+            let started = Instant::now();
+            let report = (e.run)(&args);
+            let _ = std::fs::remove_dir_all(&scratch);
+            let report = report?;
+            report
+                .write_json(args.json.as_deref().expect("set above"))
+                .map_err(|err| format!("cannot write the JSON of {}: {err}", e.name))?;
+            let plots: Vec<PathBuf> = std::fs::read_dir(&dir)
+                .map_err(|err| err.to_string())?
+                .filter_map(|d| d.ok().map(|d| d.path()))
+                .filter(|p| p.extension().is_some_and(|x| x == "png"))
+                .filter(|p| {
+                    p.file_name()
+                        .is_some_and(|n| n.to_string_lossy().starts_with(e.name))
+                })
+                .collect();
+            section(
+                &mut doc,
+                &report,
+                &label,
+                &plots,
+                &doc_dir,
+                started.elapsed().as_secs_f64(),
+            );
+        }
     }
     std::fs::write(path, doc).map_err(|e| format!("cannot write {}: {e}", path.display()))
 }

@@ -55,8 +55,31 @@ pub struct Experiment {
     pub about: &'static str,
     /// Runs it.
     pub run: fn(&BenchArgs) -> Result<Report, String>,
-    /// Part of `bench all` (docs/RESULTS.md).
-    pub in_results: bool,
+    /// The devices `bench all` runs it on (docs/RESULTS.md), each in its
+    /// own section; empty: not part of it.
+    pub results_on: &'static [ResultsOn],
+}
+
+/// Where `bench all` runs an experiment.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ResultsOn {
+    /// A file in the results directory, through io_uring with O_DIRECT.
+    File,
+    /// The experiment's simulated device (its default).
+    Sim,
+    /// No device (the primitives' overheads).
+    Any,
+}
+
+impl ResultsOn {
+    /// The subdirectory of `results/` its plots and JSON go in.
+    pub fn dir(self) -> &'static str {
+        match self {
+            ResultsOn::File => "file",
+            ResultsOn::Sim => "sim",
+            ResultsOn::Any => "",
+        }
+    }
 }
 
 /// Every experiment, in the order `critio bench --list` prints them.
@@ -65,67 +88,67 @@ pub const EXPERIMENTS: &[Experiment] = &[
         name: "e1-request-latency",
         about: "paper 000 Fig. 4-9: YCSB-A on critio-kv under checkpoints, every scheme, CCDF + wait points",
         run: e1_request_latency::run,
-        in_results: true,
+        results_on: &[ResultsOn::File, ResultsOn::Sim],
     },
     Experiment {
         name: "e2-device-priority",
         about: "paper 001 Fig. 2 on the simulated HDD: fg QD 1..32 vs bg QD 32, device priority on/off",
         run: e2_device_priority::run,
-        in_results: true,
+        results_on: &[ResultsOn::Sim],
     },
     Experiment {
         name: "e3-antagonists",
         about: "paper 004: fg random reads vs 1..16 sequential antagonists on the simulated HDD",
         run: e3_antagonists::run,
-        in_results: true,
+        results_on: &[ResultsOn::Sim],
     },
     Experiment {
         name: "e4-write-cache",
         about: "paper 002 Fig. 4a: critio-kv on a sim HDD behind a write cache, every admission policy x cache size",
         run: e4_write_cache::run,
-        in_results: true,
+        results_on: &[ResultsOn::Sim],
     },
     Experiment {
         name: "e5-ablation",
         about: "paper 000 Fig. 10: throughput with each rcp component off in turn, normalized to rcp",
         run: e5_ablation::run,
-        in_results: true,
+        results_on: &[ResultsOn::File, ResultsOn::Sim],
     },
     Experiment {
         name: "cache-entanglement",
         about: "fg write+commit latency vs a bg file writer: cache dirty limits and log inheritance on/off",
         run: cache_entanglement::run,
-        in_results: true,
+        results_on: &[ResultsOn::File, ResultsOn::Sim],
     },
     Experiment {
         name: "real-device-mix",
         about: "critical QD1 reader + background QD32 writer on a real file, 7 configs (needs io_uring)",
         run: real_device_mix::run,
-        in_results: false,
+        results_on: &[ResultsOn::File],
     },
     Experiment {
         name: "kv-background",
         about: "redis-benchmark against critio-kv during checkpoints and BGSAVE: none vs rcp p50..max (needs redis-tools)",
         run: kv_background::run,
-        in_results: false,
+        results_on: &[ResultsOn::File],
     },
     Experiment {
         name: "kv-vs-redis",
         about: "critio-kv (file, none and rcp) vs stock Redis (appendfsync always): redis-benchmark alone and under BGSAVE/BGREWRITEAOF, two sizes (needs redis-server, redis-tools)",
         run: kv_vs_redis::run,
-        in_results: true,
+        results_on: &[ResultsOn::File],
     },
     Experiment {
         name: "lock-overhead",
         about: "critio Mutex vs parking_lot/std: uncontended cost (goal <= 2x) and contended hand-off",
         run: lock_overhead::run,
-        in_results: true,
+        results_on: &[ResultsOn::Any],
     },
     Experiment {
         name: "block-overhead",
         about: "4 KiB reads on the mem device, directly vs through the block layer (goal >= 0.9x)",
         run: block_overhead::run,
-        in_results: true,
+        results_on: &[ResultsOn::Any],
     },
 ];
 
