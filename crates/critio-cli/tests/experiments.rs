@@ -133,7 +133,61 @@ fn every_experiment_runs_short_and_reports() {
         assert!(ok, "{name} failed:\n{out}");
         assert!(out.lines().any(|l| l.starts_with("target ") && (l.ends_with(" PASS") || l.ends_with(" MISS"))), "{name}:\n{out}");
         check_json(&json, name);
+        if name == "e1-request-latency" {
+            // On the simulated SSD the kernel baseline is an emulation,
+            // and the output says so.
+            assert!(out.contains("kernel-idle (emulated"), "{out}");
+        }
     }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn the_key_value_experiments_run_on_a_real_file_against_the_kernels_own_baselines() {
+    let dir = std::env::temp_dir().join(format!("critio-smoke-file-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    if let Err(why) = io_uring_file_works(&dir) {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let device = format!("file:{}", dir.join("kv.img").display());
+    let json = dir.join("e1.json");
+    let (ok, out) = critio(&[
+        "bench",
+        "e1-request-latency",
+        "--quick",
+        "--device",
+        &device,
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    assert!(ok, "{out}");
+    check_json(&json, "e1-request-latency");
+    // The device line names the disk's scheduler, and the baselines are
+    // the kernel's: a pass-through, and ionice -c3 for kernel-idle.
+    assert!(out.contains("device: file: (io_uring, O_DIRECT)"), "{out}");
+    assert!(out.contains("scheduler"), "{out}");
+    assert!(out.contains("kernel-idle: ionice -c3"), "{out}");
+    assert!(
+        out.contains("none: critio's block layer a FIFO pass-through"),
+        "{out}"
+    );
+    // The isolation run wrote nothing back: its last two cells are 0 MiB
+    // written back and 0 throttled writes.
+    let iso = out
+        .lines()
+        .find(|l| l.starts_with("isolation"))
+        .unwrap_or_else(|| panic!("no isolation row:\n{out}"));
+    let cells: Vec<&str> = iso.split_whitespace().collect();
+    assert_eq!(cells[cells.len() - 2..], ["0.000", "0"], "{iso}");
+    // Nothing is left behind: the template and the runs' copies are gone.
+    let left: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("critio-kvbench"))
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
