@@ -266,10 +266,15 @@ pub fn preload(w: &KvWorkload, progress: &ProgressBar) -> Result<Template, Strin
 }
 
 /// Copies the template to a run's file and syncs the copy, so its
-/// writeback does not run during the measured window. Only the template's
-/// data is copied (its holes stay holes: a store of 2 GiB holding 100 MiB
-/// costs 100 MiB to copy), where the file system says where they are.
-fn copy_durably(from: &Path, to: &Path) -> Result<(), String> {
+/// writeback does not run during the measured window.
+///
+/// `dense`: every block of the copy is written (its holes as zeros), as a
+/// database preallocates its files; on a real file system a write into a
+/// hole allocates blocks and journals that, which no run should pay for.
+/// Otherwise (a simulated drive's store) only the data is copied and the
+/// holes stay holes. Data and holes are found with `SEEK_DATA`/`SEEK_HOLE`
+/// (the whole file is data where the file system cannot say).
+fn copy_durably(from: &Path, to: &Path, dense: bool) -> Result<(), String> {
     use std::io::{Read, Seek, Write};
     let err =
         |what: &str, e: &dyn std::fmt::Display| format!("cannot copy the template ({what}): {e}");
@@ -278,15 +283,29 @@ fn copy_durably(from: &Path, to: &Path) -> Result<(), String> {
     let mut dst = std::fs::File::create(to).map_err(|e| err("create", &e))?;
     dst.set_len(len).map_err(|e| err("size", &e))?;
     let mut buf = vec![0u8; 1 << 20];
+    let zeros = vec![0u8; 1 << 20];
     let mut at = 0u64;
     while at < len {
         // The next data extent [start, end), or the rest where the file
         // system cannot say.
         let start = match rustix::fs::seek(&src, rustix::fs::SeekFrom::Data(at)) {
             Ok(s) => s,
-            Err(rustix::io::Errno::NXIO) => break, // only a hole is left
+            Err(rustix::io::Errno::NXIO) => len, // only a hole is left
             Err(_) => at,
         };
+        dst.seek(std::io::SeekFrom::Start(at))
+            .map_err(|e| err("seek", &e))?;
+        if dense {
+            let mut hole = start - at;
+            while hole > 0 {
+                let n = (hole as usize).min(zeros.len());
+                dst.write_all(&zeros[..n]).map_err(|e| err("write", &e))?;
+                hole -= n as u64;
+            }
+        }
+        if start >= len {
+            break;
+        }
         let end = rustix::fs::seek(&src, rustix::fs::SeekFrom::Hole(start)).unwrap_or(len);
         src.seek(std::io::SeekFrom::Start(start))
             .and_then(|_| dst.seek(std::io::SeekFrom::Start(start)))
@@ -445,7 +464,8 @@ pub fn run(
         "run-{}.img",
         spec.label.replace(|c: char| !c.is_alphanumeric(), "-")
     ));
-    copy_durably(&t.file, &file)?;
+    let dense = !matches!(t.kind, DeviceSpec::Sim { .. });
+    copy_durably(&t.file, &file, dense)?;
     let _remove = RemoveOnDrop(file.clone()); // after the stack below closes
     let isolation = (!spec.background).then_some(isolation);
     let device = t.device(&file);
@@ -518,7 +538,7 @@ mod tests {
     use super::copy_durably;
 
     #[test]
-    fn a_copy_of_a_sparse_store_has_its_bytes_and_keeps_its_holes() {
+    fn a_copy_of_a_sparse_store_has_its_bytes_and_keeps_its_holes_unless_dense() {
         let dir = std::env::temp_dir().join(format!("critio-copy-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let (from, to) = (dir.join("a.img"), dir.join("b.img"));
@@ -529,15 +549,19 @@ mod tests {
             f.write_all(&[byte; 4096]).unwrap();
         }
         drop(f);
-        copy_durably(&from, &to).unwrap();
+        let blocks = |p: &std::path::Path| std::fs::metadata(p).unwrap().blocks();
+        copy_durably(&from, &to, false).unwrap();
         assert_eq!(std::fs::read(&from).unwrap(), std::fs::read(&to).unwrap());
-        // 512-byte blocks: far below the 256 MiB a dense copy would take
-        // (where the file system keeps holes at all).
-        let (a, b) = (
-            std::fs::metadata(&from).unwrap().blocks(),
-            std::fs::metadata(&to).unwrap().blocks(),
-        );
+        // 512-byte blocks: far below the 256 MiB a dense copy takes (where
+        // the file system keeps holes at all).
+        let (a, b) = (blocks(&from), blocks(&to));
         assert!(b <= a.max(8 << 10) * 2, "copy took {b} blocks, source {a}");
+        copy_durably(&from, &to, true).unwrap();
+        assert_eq!(std::fs::read(&from).unwrap(), std::fs::read(&to).unwrap());
+        assert!(
+            blocks(&to) >= (256 << 20) / 512,
+            "a dense copy has every block"
+        );
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -131,8 +131,10 @@ impl Scheme {
             // default, as many as mq-deadline's nr_requests.)
             c.device.queue_depth = 0;
         }
-        // ionice -c3 on the background threads themselves.
-        c.context.kernel_mirror = real && self == Scheme::KernelIdle;
+        if real && self == Scheme::KernelIdle {
+            // ionice -c3 on the background threads themselves.
+            c.context.kernel_mirror = true;
+        }
         c
     }
 
