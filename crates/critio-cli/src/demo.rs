@@ -274,9 +274,6 @@ pub fn run(args: &DemoArgs) -> Result<(), String> {
         DEFAULT_WORKLOAD,
         "workloads/demo.toml",
     )?;
-    if args.quick {
-        w.records = w.quick_records;
-    }
     std::fs::create_dir_all(&args.out)
         .map_err(|e| format!("cannot create {}: {e}", args.out.display()))?;
     match args.device.as_deref() {
@@ -284,11 +281,7 @@ pub fn run(args: &DemoArgs) -> Result<(), String> {
         Some("sim") => {}
         Some(spec) => w.device = spec.to_owned(),
     }
-    let secs = if args.quick {
-        w.quick_duration_s
-    } else {
-        w.duration_s
-    };
+    let secs = if args.quick { w.quick() } else { w.duration_s };
     println!(
         "critio demo: critio-kv on {} ({} MiB page cache), {} keys x {} B, {} clients, YCSB-A ({:.0}% reads, {:?}), \
          checkpoints every {} ms; {secs} s per scheme\n",

@@ -61,14 +61,7 @@ pub fn run(args: &BenchArgs) -> Result<Report, String> {
     if let Some(d) = &args.device {
         w.device = d.clone();
     }
-    if args.quick {
-        w.records = w.quick_records;
-    }
-    let secs = if args.quick {
-        w.quick_duration_s
-    } else {
-        w.duration_s
-    };
+    let secs = if args.quick { w.quick() } else { w.duration_s };
     let results = demo::compare(&w, &RUNS, secs)?;
     let title = format!(
         "YCSB-A on critio-kv ({} keys x {} B, {} MiB cache, {} clients, checkpoints every {} ms, {secs} s per scheme)",

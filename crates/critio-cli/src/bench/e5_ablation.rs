@@ -70,14 +70,7 @@ pub fn run(args: &BenchArgs) -> Result<Report, String> {
     if let Some(d) = &args.device {
         w.device = d.clone();
     }
-    if args.quick {
-        w.records = w.quick_records;
-    }
-    let secs = if args.quick {
-        w.quick_duration_s
-    } else {
-        w.duration_s
-    };
+    let secs = if args.quick { w.quick() } else { w.duration_s };
     let results = demo::compare(&w, &RUNS, secs)?;
     let full = &results[0];
     let mut t = Table::new(

@@ -77,7 +77,19 @@ pub enum KvOp {
     Update(u64),
 }
 
+/// The device of a `--quick` run at most: a short run writes little, and
+/// every run copies the store (densely on a real file).
+const QUICK_CAPACITY_BYTES: u64 = 512 << 20;
+
 impl KvWorkload {
+    /// The `--quick` version of this load: `quick_records` keys on a
+    /// device of at most 512 MiB; returns the seconds to measure per run.
+    pub fn quick(&mut self) -> f64 {
+        self.records = self.quick_records;
+        self.capacity_bytes = self.capacity_bytes.min(QUICK_CAPACITY_BYTES);
+        self.quick_duration_s
+    }
+
     /// Parses a workload file; errors name the file and the field.
     pub fn from_toml(text: &str, origin: &str) -> Result<Self, String> {
         let w: KvWorkload = toml::from_str(text).map_err(|e| format!("{origin}: {e}"))?;
