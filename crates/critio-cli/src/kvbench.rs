@@ -151,13 +151,12 @@ impl Template {
                 self.kind,
                 self.dir.display()
             ),
-            DeviceSpec::Pool(_) => format!(
-                "pool: (pread/pwrite workers, O_DIRECT) in {} on {}",
-                self.dir.display(),
-                crate::bench::host::describe(&self.dir)
-            ),
-            _ => format!(
-                "file: (io_uring, O_DIRECT) in {} on {}",
+            real => format!(
+                "{} in {} on {}",
+                match real {
+                    DeviceSpec::Pool(_) => "pool: (pread/pwrite workers, O_DIRECT)",
+                    _ => "file: (io_uring, O_DIRECT)",
+                },
                 self.dir.display(),
                 crate::bench::host::describe(&self.dir)
             ),
@@ -466,7 +465,7 @@ pub fn run(
     ));
     let dense = !matches!(t.kind, DeviceSpec::Sim { .. });
     copy_durably(&t.file, &file, dense)?;
-    let _remove = RemoveOnDrop(file.clone()); // after the stack below closes
+    let _remove = RemoveOnDrop(file.clone()); // after the stack below closes, on every path
     let isolation = (!spec.background).then_some(isolation);
     let device = t.device(&file);
     let how = match isolation {
@@ -497,10 +496,8 @@ pub fn run(
     )?;
     drop(engine);
     drop(stack);
-    let _ = std::fs::remove_file(&file);
-    let (before, after, latency, elapsed, waits) =
-        (win.before, win.after, win.latency, win.elapsed, win.waits);
-    let ((before, cache_before), (after, cache_after)) = (before, after);
+    let ((before, cache_before), (after, cache_after)) = (win.before, win.after);
+    let (latency, elapsed, waits) = (win.latency, win.elapsed, win.waits);
     let checkpoints = after.checkpoints - before.checkpoints;
     let ms = after.checkpoint_ms_total - before.checkpoint_ms_total;
     let page = cfg.critio.cache.page_bytes as f64;

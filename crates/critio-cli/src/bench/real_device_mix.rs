@@ -417,7 +417,7 @@ pub fn run(args: &BenchArgs) -> Result<Report, String> {
     );
     // Each static curve starts at the reader alone (a writer at 0 MiB/s).
     let curve = |pick: fn(&(usize, f64, f64, f64)) -> f64, at_zero: f64| {
-        let best = FRONTIER_QDS
+        FRONTIER_QDS
             .iter()
             .filter_map(|&qd| {
                 let mut pts = vec![(0.0, at_zero)];
@@ -429,8 +429,7 @@ pub fn run(args: &BenchArgs) -> Result<Report, String> {
                 );
                 interpolate(&pts, auto.write_mib_s)
             })
-            .fold(f64::INFINITY, f64::min);
-        best
+            .fold(f64::INFINITY, f64::min)
     };
     let frontier_p99 = curve(|p| p.2, alone_p99);
     let frontier_p999 = curve(|p| p.3, alone_p999);

@@ -112,11 +112,15 @@ fn mirror_cpu(task: &Task) {
 pub fn set_kernel_mirror(priorities: Option<ClassPriorities>) {
     *PRIORITIES.write().unwrap_or_else(|e| e.into_inner()) = priorities;
     let was_on = ON.swap(priorities.is_some(), Ordering::SeqCst);
+    if priorities.is_none() && !was_on {
+        return;
+    }
     for task in super::registry::all() {
-        if priorities.is_some() {
-            mirror(&task);
-        } else if was_on {
-            let _ = set_thread_ioprio(task.os_tid(), IoPriority::None);
+        match priorities {
+            Some(_) => mirror(&task),
+            None => {
+                let _ = set_thread_ioprio(task.os_tid(), IoPriority::None);
+            }
         }
     }
 }
