@@ -21,7 +21,9 @@
 //! noncritical_slots = 128
 //! starvation_period_ms = 10
 //! noncritical_cap = { fixed = 1 }   # or { auto = {} }; fixed = 0: unlimited
-//! anticipation_us = 0
+//! anticipation_us = 0      # paper 004: hold lower lanes after a lane's last completion
+//! anticipation_think_time = true   # only for a lane whose mean think time fits the window
+//! tokens = []              # paper 004 batch budgets: [critical, level 0, level 1, ...]
 //!
 //! [cache]
 //! capacity_bytes = 67108864

@@ -267,3 +267,35 @@ fn no_classes_scheme_dispatches_in_arrival_order_without_a_cap() {
     let offsets: Vec<u64> = dev.arrivals().iter().map(|a| a.0).collect();
     assert_eq!(offsets, vec![0, 4096, 8192, 12288]);
 }
+
+#[test]
+fn a_thread_background_level_orders_its_writeback_below_higher_levels() {
+    let dev = GateDevice::new(32);
+    let l = layer(dev.clone(), BlockConfig::default()); // rcp, cap 1
+    let blocker = l.write_async(0, page(0)).unwrap(); // fills the cap
+    dev.wait_arrivals(1);
+    let submit_at = |level: u8, offset: u64| {
+        let l = l.clone();
+        std::thread::spawn(move || {
+            context::set_background_level(level);
+            l.write_async(offset, page(1)).unwrap()
+        })
+        .join()
+        .unwrap()
+    };
+    // Submitted lowest level first: dispatched highest level first.
+    let low = submit_at(5, 3 * 4096);
+    let mid = submit_at(1, 2 * 4096);
+    let high = submit_at(0, 4096);
+    for (n, offset) in [(2, 4096), (3, 2 * 4096), (4, 3 * 4096)] {
+        dev.release_all();
+        dev.wait_arrivals(n);
+        assert_eq!(dev.arrivals()[n - 1], (offset, Class::NonCritical));
+    }
+    dev.release_all();
+    for h in [blocker, low, mid, high] {
+        h.wait().unwrap();
+    }
+    let lanes = l.stats().counters.lane_dispatches;
+    assert_eq!(&lanes[..7], &[0, 2, 1, 0, 0, 0, 1]);
+}

@@ -339,6 +339,7 @@ impl Inner {
         let state = IoState::new(id, point, Arc::downgrade(self));
         let info = ReqInfo {
             class,
+            level: context::current_background_level(),
             op,
             offset,
             len,

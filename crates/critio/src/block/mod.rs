@@ -9,9 +9,11 @@
 //!  admission: critical pool (128) | non-critical pool (128)   "block: admission"
 //!        │          (a waiter that turns critical retries in the critical pool)
 //!        v
-//!  dispatch: critical FIFO ──first──┐
-//!            non-critical FIFO ─────┴─ if no critical queued, cap not reached,
-//!                                      no anticipation; >= 1 per 10 ms regardless
+//!  dispatch: critical lane ─────first──────┐
+//!            background levels 0..7 ───────┴─ in level order, if the cap allows,
+//!            (a FIFO lane each)                no anticipation window holds them,
+//!                                              token budget left; >= 1 per 10 ms
+//!                                              regardless
 //!        │
 //!        v
 //!  device (class travels on as the command's priority)
@@ -42,7 +44,10 @@ pub use cap::{AutoCapConfig, NoncriticalCap};
 pub use layer::{BlockError, BlockLayer};
 pub use ncio::IO_LEN_MAX;
 pub use request::IoHandle;
-pub use sched::{Completed, Location, Promotion, ReqInfo, SchedConfig, SchedCounters, Scheduler};
+pub use sched::{
+    Completed, LaneTokens, Location, Promotion, ReqInfo, SchedConfig, SchedCounters, Scheduler,
+    BACKGROUND_LEVELS, LANES,
+};
 pub use stats::{BlockStats, ClassBuckets, ClassStats};
 
 use crate::class::Class;
@@ -115,6 +120,17 @@ pub struct BlockConfig {
     /// Anticipation window after a critical completion, in µs (paper 004).
     /// Default 0 (off). Range 0..=100000.
     pub anticipation_us: u64,
+    /// Open the anticipation window only for a lane whose measured mean
+    /// think time (its last completion to its next arrival) fits in it, as
+    /// the anticipatory scheduler does; false opens it after every lane's
+    /// last completion. Default true.
+    pub anticipation_think_time: bool,
+    /// Per-lane batch budgets (paper 004's tokens): `[critical, level 0,
+    /// level 1, ...]`, 0 = unlimited. A lane that has used its budget
+    /// yields until every other lane with work has had its own. Default
+    /// `[]` (off: strict priority, the starvation timer guarantees
+    /// progress).
+    pub tokens: LaneTokens,
 }
 
 impl Default for BlockConfig {
@@ -126,6 +142,8 @@ impl Default for BlockConfig {
             starvation_period_ms: 10,
             noncritical_cap: NoncriticalCap::Fixed(1),
             anticipation_us: 0,
+            anticipation_think_time: true,
+            tokens: LaneTokens::default(),
         }
     }
 }
@@ -192,6 +210,12 @@ impl BlockConfig {
                 self.anticipation_us * US
             } else {
                 0
+            },
+            think_time: self.anticipation_think_time,
+            tokens: if classes {
+                self.tokens
+            } else {
+                LaneTokens::default()
             },
             device_depth,
         }

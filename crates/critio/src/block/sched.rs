@@ -1,5 +1,5 @@
-//! The block scheduler core: a sans-I/O state machine of admission, two
-//! queues and dispatch limits (paper 000, Section 4.3; paper 004).
+//! The block scheduler core: a sans-I/O state machine of admission, priority
+//! lanes and dispatch limits (paper 000, Section 4.3; paper 004).
 //!
 //! Lifecycle of a request (STYLE.md rule 6):
 //!
@@ -16,13 +16,27 @@
 //! What each class gets:
 //! - **Admission**: separate slot pools (default 128 + 128), so a burst of
 //!   background I/O cannot take the slots a critical request needs.
-//! - **Dispatch**: critical requests first, FIFO within a class, up to the
-//!   device's queue depth. Non-critical requests go only when no critical one
-//!   is queued, while fewer than the cap are at the device, and, with
-//!   anticipation on, neither while critical requests are at the device nor
-//!   for the window after the last critical completion; but at least one per
-//!   starvation period goes ahead of critical ones, so background work is
-//!   never starved.
+//! - **Lanes** (paper 004's priority levels): lane 0 holds critical
+//!   requests, lanes 1..=8 non-critical ones by their background level
+//!   (`ReqInfo::level`, 0 highest, like `ionice -c2 -n0..7`). FIFO within
+//!   a lane; a promoted request moves to lane 0.
+//! - **Dispatch**: the highest lane with work first, up to the device's
+//!   queue depth. Non-critical lanes go only while fewer than the cap are at
+//!   the device, and at least one non-critical request per starvation
+//!   period goes ahead of everything (from the lane that waited longest;
+//!   a lane that waited 9 periods goes too), so no background level is
+//!   ever starved.
+//! - **Anticipation** (paper 004, on when `anticipation > 0`): while a
+//!   lane's requests are at the device, and for the window after one
+//!   completes, lower lanes wait: the lane's next request, a think time
+//!   away, then finds the device free. The window opens only if the lane's
+//!   mean think time (completion to next arrival, measured) fits in it, and
+//!   an arrival in that lane or a higher one ends it at once.
+//! - **Tokens** (paper 004's batches, on when any lane has a budget): each
+//!   lane may dispatch its budget of requests per round; a lane that has
+//!   used its budget yields (it neither dispatches nor anticipates) until
+//!   every other lane with work has had its turn, then all budgets refill.
+//!   A budget of 0 is unlimited.
 //! - With classes off (`classes: false`) everything shares one pool and one
 //!   FIFO: the `none` scheme.
 //!
@@ -33,7 +47,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasherDefault, Hasher};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::cap::{CapState, NoncriticalCap};
 use super::ncio::NcioIndex;
@@ -74,6 +88,55 @@ pub enum Promotion {
     AtDevice,
 }
 
+/// Background priority levels (lanes 1..=8 below the critical lane 0).
+pub const BACKGROUND_LEVELS: u8 = 8;
+
+/// Lanes: the critical lane and one per background level.
+pub const LANES: usize = 1 + BACKGROUND_LEVELS as usize;
+
+/// Per-lane batch budgets (paper 004's tokens): entry 0 is the critical
+/// lane, entry `1 + n` background level `n`; 0 means unlimited. All zero
+/// (the default) turns tokens off: strict priority between lanes.
+///
+/// In a config file: `tokens = [16, 4, 2]` (missing entries are 0).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LaneTokens(pub [u32; LANES]);
+
+impl LaneTokens {
+    /// Budgets from a list (lane 0 first); at most [`LANES`] entries.
+    pub fn from_slice(budgets: &[u32]) -> Result<Self, String> {
+        if budgets.len() > LANES {
+            return Err(format!(
+                "{} token budgets given; there are {LANES} lanes (critical, then background levels 0..{})",
+                budgets.len(),
+                BACKGROUND_LEVELS - 1
+            ));
+        }
+        let mut t = [0; LANES];
+        t[..budgets.len()].copy_from_slice(budgets);
+        Ok(Self(t))
+    }
+
+    /// Whether any lane has a budget.
+    pub fn enabled(&self) -> bool {
+        self.0.iter().any(|&t| t > 0)
+    }
+}
+
+impl Serialize for LaneTokens {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let used = self.0.iter().rposition(|&t| t > 0).map_or(0, |i| i + 1);
+        self.0[..used].serialize(s)
+    }
+}
+
+impl<'de> Deserialize<'de> for LaneTokens {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let v = Vec::<u32>::deserialize(d)?;
+        Self::from_slice(&v).map_err(serde::de::Error::custom)
+    }
+}
+
 /// The core's configuration (see `BlockConfig` for the documented defaults).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct SchedConfig {
@@ -87,9 +150,14 @@ pub struct SchedConfig {
     pub starvation_period: Nanos,
     /// Non-critical requests allowed at the device.
     pub noncritical_cap: NoncriticalCap,
-    /// After a critical completion, hold non-critical dispatch this long
-    /// unless a critical request arrives (0: off).
+    /// After a completion in a lane, hold lower lanes this long unless a
+    /// request arrives in that lane or a higher one (0: off).
     pub anticipation: Nanos,
+    /// Open a window only for a lane whose mean think time fits in it
+    /// (false: after every lane's last completion).
+    pub think_time: bool,
+    /// Per-lane batch budgets (all zero: off).
+    pub tokens: LaneTokens,
     /// Most requests at the device at once (its queue depth).
     pub device_depth: u32,
 }
@@ -99,6 +167,9 @@ pub struct SchedConfig {
 pub struct ReqInfo {
     /// Its class at submission.
     pub class: Class,
+    /// Its background level (0 highest, clamped to [`BACKGROUND_LEVELS`]
+    /// - 1); a critical request ignores it.
+    pub level: u8,
     /// Read, write or flush.
     pub op: Op,
     /// Byte offset.
@@ -147,6 +218,8 @@ struct Entry<P> {
     class: Class,
     /// The pool whose slot it holds (it keeps it when promoted).
     slot: usize,
+    /// The lane it is queued in or was dispatched from.
+    lane: usize,
     loc: Location,
     submitted: Nanos,
     queued: Nanos,
@@ -184,6 +257,44 @@ pub struct SchedCounters {
     pub starvation_dispatches: u64,
     /// Dispatch decisions that held non-critical work for anticipation.
     pub anticipation_holds: u64,
+    /// Completions after which no window opened: the lane's mean think
+    /// time was longer than the window.
+    pub anticipation_skipped: u64,
+    /// Token rounds completed (every lane with work used its budget).
+    pub token_rounds: u64,
+    /// Dispatches per lane (critical, then background levels).
+    pub lane_dispatches: [u64; LANES],
+}
+
+/// A lane's think time: how long after its last request completed (with
+/// nothing more of it queued or at the device) its next one arrives, as an
+/// exponentially weighted mean (weight 1/8 per sample, as the anticipatory
+/// scheduler keeps it).
+#[derive(Clone, Copy, Debug, Default)]
+struct ThinkTime {
+    idle_since: Option<Nanos>,
+    mean: f64,
+    samples: u32,
+}
+
+impl ThinkTime {
+    fn sample(&mut self, at: Nanos, cap: Nanos) {
+        if let Some(since) = self.idle_since.take() {
+            let t = at.saturating_sub(since).min(cap) as f64;
+            self.mean = if self.samples == 0 {
+                t
+            } else {
+                self.mean + (t - self.mean) / 8.0
+            };
+            self.samples = self.samples.saturating_add(1);
+        }
+    }
+
+    /// Whether waiting `window` for this lane's next request is worth it:
+    /// with no history yet, or a mean think time that fits the window.
+    fn worth_waiting(&self, window: Nanos) -> bool {
+        self.samples == 0 || self.mean <= window as f64
+    }
 }
 
 /// The scheduler core. `P` is a payload the driver keeps per request (the
@@ -191,20 +302,32 @@ pub struct SchedCounters {
 pub struct Scheduler<P = ()> {
     cfg: SchedConfig,
     reqs: IdMap<Entry<P>>,
+    /// Requests waiting for a slot, per pool (critical, non-critical).
     admission: [VecDeque<ReqId>; 2],
     /// Admitted requests per lane, with the time each was queued (so the
     /// starvation check reads the front's time without a map lookup).
-    queues: [VecDeque<(ReqId, Nanos)>; 2],
+    queues: [VecDeque<(ReqId, Nanos)>; LANES],
     slots_used: [u32; 2],
+    /// Requests at the device per class (critical, non-critical).
     inflight: [u32; 2],
+    /// Requests at the device per lane.
+    lane_inflight: [u32; LANES],
     ncio: NcioIndex,
+    /// The last dispatch from each lane, and from any non-critical one
+    /// (for the starvation check).
+    last_dispatch: [Nanos; LANES],
     last_nc_dispatch: Nanos,
-    anticipate_until: Option<Nanos>,
+    /// The open anticipation window: the lane it serves and its end.
+    antic: Option<(usize, Nanos)>,
+    think: [ThinkTime; LANES],
+    tokens_left: [u32; LANES],
     cap: CapState,
     counters: SchedCounters,
 }
 
+/// The critical pool and lane.
 const CRIT: usize = 0;
+/// The non-critical pool.
 const NONCRIT: usize = 1;
 
 impl<P> Scheduler<P> {
@@ -220,17 +343,21 @@ impl<P> Scheduler<P> {
             queues: Default::default(),
             slots_used: [0; 2],
             inflight: [0; 2],
+            lane_inflight: [0; LANES],
             ncio: NcioIndex::default(),
+            last_dispatch: [0; LANES],
             last_nc_dispatch: 0,
-            anticipate_until: None,
+            antic: None,
+            think: [ThinkTime::default(); LANES],
+            tokens_left: cfg.tokens.0,
             cap: CapState::new(cfg.noncritical_cap),
             counters: SchedCounters::default(),
         }
     }
 
-    /// The class a request is scheduled in (everything is one class when
+    /// The pool a class takes its slot from (everything is one pool when
     /// classes are off).
-    fn lane(&self, class: Class) -> usize {
+    fn pool(&self, class: Class) -> usize {
         if self.cfg.classes {
             class.index()
         } else {
@@ -238,8 +365,17 @@ impl<P> Scheduler<P> {
         }
     }
 
-    fn pool_size(&self, lane: usize) -> u32 {
-        match (self.cfg.classes, lane) {
+    /// The lane a request of `class` at background `level` is queued in.
+    fn lane_of(&self, class: Class, level: u8) -> usize {
+        if !self.cfg.classes || class == Class::Critical {
+            CRIT
+        } else {
+            1 + usize::from(level.min(BACKGROUND_LEVELS - 1))
+        }
+    }
+
+    fn pool_size(&self, pool: usize) -> u32 {
+        match (self.cfg.classes, pool) {
             (false, _) => self.cfg.critical_slots + self.cfg.noncritical_slots,
             (true, CRIT) => self.cfg.critical_slots,
             (true, _) => self.cfg.noncritical_slots,
@@ -254,15 +390,17 @@ impl<P> Scheduler<P> {
         } else {
             Class::Critical
         };
-        let lane = self.lane(class);
+        let pool = self.pool(class);
+        let lane = self.lane_of(class, info.level);
         // FIFO admission: never overtake a request already waiting.
         let admitted =
-            self.admission[lane].is_empty() && self.slots_used[lane] < self.pool_size(lane);
+            self.admission[pool].is_empty() && self.slots_used[pool] < self.pool_size(pool);
         let entry = Entry {
             payload,
             info,
             class,
-            slot: if admitted { lane } else { CRIT },
+            slot: if admitted { pool } else { CRIT },
+            lane,
             loc: if admitted {
                 Location::Queued
             } else {
@@ -285,30 +423,36 @@ impl<P> Scheduler<P> {
             self.ncio.insert(id, info.offset, info.len);
         }
         if admitted {
-            self.enqueue_admitted(id, lane, now);
+            self.enqueue_admitted(id, pool, lane, now);
         } else {
-            self.admission[lane].push_back(id);
+            self.admission[pool].push_back(id);
         }
         admitted
     }
 
     fn admit(&mut self, id: ReqId, now: Nanos) {
-        let classes = self.cfg.classes;
-        let e = self.reqs.get_mut(&id).expect("admitting a known request");
+        let e = self.reqs.get(&id).expect("admitting a known request");
         debug_assert_eq!(e.loc, Location::AwaitingAdmission);
-        let lane = if classes { e.class.index() } else { CRIT };
+        let (pool, lane) = (self.pool(e.class), self.lane_of(e.class, e.info.level));
+        let e = self.reqs.get_mut(&id).expect("checked above");
         e.loc = Location::Queued;
         e.queued = now;
-        e.slot = lane;
-        self.enqueue_admitted(id, lane, now);
+        e.slot = pool;
+        e.lane = lane;
+        self.enqueue_admitted(id, pool, lane, now);
     }
 
-    /// Takes a slot of `lane` for an admitted request and queues it.
-    fn enqueue_admitted(&mut self, id: ReqId, lane: usize, now: Nanos) {
-        self.slots_used[lane] += 1;
+    /// Takes a slot of `pool` for an admitted request and queues it in
+    /// `lane`: an arrival, which feeds the lane's think time and ends an
+    /// anticipation window held for this lane or a lower one.
+    fn enqueue_admitted(&mut self, id: ReqId, pool: usize, lane: usize, now: Nanos) {
+        self.slots_used[pool] += 1;
         self.queues[lane].push_back((id, now));
-        if lane == CRIT && self.cfg.classes {
-            self.anticipate_until = None; // a critical arrival breaks anticipation
+        if self.cfg.classes {
+            self.think[lane].sample(now, 2 * self.cfg.anticipation.max(1));
+            if self.antic.is_some_and(|(served, _)| lane <= served) {
+                self.antic = None;
+            }
         }
     }
 
@@ -326,7 +470,7 @@ impl<P> Scheduler<P> {
         Some((id, e.class, &mut e.payload))
     }
 
-    /// Which queue the next dispatch takes from, if the limits allow one.
+    /// Which lane the next dispatch takes from, if the limits allow one.
     fn pick(&mut self, now: Nanos) -> Option<usize> {
         let at_device = self.inflight[CRIT] + self.inflight[NONCRIT];
         if at_device >= self.cfg.device_depth {
@@ -336,63 +480,104 @@ impl<P> Scheduler<P> {
             .cap
             .limit(now)
             .is_none_or(|limit| self.inflight[NONCRIT] < limit);
-        let nc_head = self.noncritical_head_bytes();
-        let nc_ready = nc_head.is_some_and(|bytes| nc_room && self.cap.paced_ok(bytes, now));
         // The starvation timer overrides neither a cap probe (a bounded
         // pause, `probe_max_ms` once per `probe_every_ms`, that measures the
         // clean baseline: a background write sent during it would make
         // every sample unclean until the probe times out) nor a cap that a
         // non-critical request at the device already fills: that one is the
         // background's progress.
-        let nc_starving = !self.cap.probing(now)
-            && (nc_room || self.inflight[NONCRIT] == 0)
-            && self.noncritical_waited(now) >= self.cfg.starvation_period;
-        if nc_starving {
-            if !self.queues[CRIT].is_empty() || self.anticipating(now) {
-                self.counters.starvation_dispatches += 1;
+        if !self.cap.probing(now) && (nc_room || self.inflight[NONCRIT] == 0) {
+            if let Some(lane) = self.starving_lane(now) {
+                if !self.queues[CRIT].is_empty() || self.held(lane, now) {
+                    self.counters.starvation_dispatches += 1;
+                }
+                return Some(lane);
             }
-            return Some(NONCRIT);
         }
-        if !self.queues[CRIT].is_empty() {
-            return Some(CRIT);
-        }
-        if nc_ready {
-            if self.anticipating(now) {
-                self.counters.anticipation_holds += 1;
-                return None;
+        let tokens = self.cfg.tokens.enabled();
+        let mut first_ready = None;
+        let mut held = false;
+        for lane in 0..LANES {
+            let Some(&(id, _)) = self.queues[lane].front() else {
+                continue;
+            };
+            if lane != CRIT {
+                let bytes = self.reqs.get(&id).map_or(0, |e| paced_bytes(&e.info));
+                if !(nc_room && self.cap.paced_ok(bytes, now)) {
+                    continue;
+                }
+                if self.held(lane, now) {
+                    held = true;
+                    continue;
+                }
             }
-            return Some(NONCRIT);
+            if !tokens || self.has_tokens(lane) {
+                return Some(lane);
+            }
+            first_ready.get_or_insert(lane);
+        }
+        if let Some(lane) = first_ready {
+            // Every lane that could go has used its budget: a new round.
+            self.tokens_left = self.cfg.tokens.0;
+            self.counters.token_rounds += 1;
+            return Some(lane);
+        }
+        if held {
+            self.counters.anticipation_holds += 1;
         }
         None
     }
 
-    /// The bytes pacing charges for the first queued non-critical request
-    /// (None: none queued).
-    fn noncritical_head_bytes(&self) -> Option<u64> {
-        let &(id, _) = self.queues[NONCRIT].front()?;
-        Some(self.reqs.get(&id).map_or(0, |e| paced_bytes(&e.info)))
+    /// Whether `lane` may still dispatch in this token round.
+    fn has_tokens(&self, lane: usize) -> bool {
+        self.cfg.tokens.0[lane] == 0 || self.tokens_left[lane] > 0
     }
 
-    /// How long non-critical work has gone without a dispatch: since the
-    /// last non-critical dispatch or since the oldest queued one was queued,
-    /// whichever is later (0 with none queued).
-    fn noncritical_waited(&self, now: Nanos) -> Nanos {
-        let Some(&(_, queued)) = self.queues[NONCRIT].front() else {
-            return 0;
-        };
-        let since = queued.max(self.last_nc_dispatch);
-        now.saturating_sub(since)
+    /// The non-critical lane to serve ahead of everything, if background
+    /// work is starving: when no non-critical request has been dispatched
+    /// for a starvation period while one waited (the class's guarantee,
+    /// paper 000), or when one lane has waited [`LANES`] periods (a lower
+    /// level's guarantee under a flood from a higher one). The lane whose
+    /// front has waited longest goes.
+    fn starving_lane(&self, now: Nanos) -> Option<usize> {
+        let mut worst: Option<(Nanos, usize)> = None;
+        let mut oldest = Nanos::MAX;
+        for lane in 1..LANES {
+            let Some(&(_, queued)) = self.queues[lane].front() else {
+                continue;
+            };
+            oldest = oldest.min(queued);
+            let waited = now.saturating_sub(queued.max(self.last_dispatch[lane]));
+            if worst.is_none_or(|w| waited > w.0) {
+                worst = Some((waited, lane));
+            }
+        }
+        let (waited, lane) = worst?;
+        let class_waited = now.saturating_sub(oldest.max(self.last_nc_dispatch));
+        let period = self.cfg.starvation_period;
+        (class_waited >= period || waited >= period * LANES as Nanos).then_some(lane)
     }
 
     /// With anticipation on (paper 004's non-work-conserving dispatch),
-    /// non-critical requests wait while critical ones are at the device and
-    /// for the window after the last critical completion; a critical arrival
-    /// ends the window (it is dispatched at once).
-    fn anticipating(&self, now: Nanos) -> bool {
+    /// `lane` waits while a higher lane has requests at the device or an
+    /// open window, unless that lane has used its token budget (it yields).
+    fn held(&self, lane: usize, now: Nanos) -> bool {
         if self.cfg.anticipation == 0 || !self.cfg.classes {
             return false;
         }
-        self.inflight[CRIT] > 0 || self.anticipate_until.is_some_and(|until| now < until)
+        let yields = |l: usize| self.cfg.tokens.enabled() && !self.has_tokens(l);
+        if (0..lane).any(|l| self.lane_inflight[l] > 0 && !yields(l)) {
+            return true;
+        }
+        self.antic
+            .is_some_and(|(served, until)| served < lane && now < until && !yields(served))
+    }
+
+    /// The highest queued non-critical request's bytes as pacing charges
+    /// them (None: none queued).
+    fn noncritical_head_bytes(&self) -> Option<u64> {
+        let &(id, _) = self.queues[1..].iter().find_map(|q| q.front())?;
+        Some(self.reqs.get(&id).map_or(0, |e| paced_bytes(&e.info)))
     }
 
     /// Moves the head of `lane` to the device.
@@ -401,13 +586,19 @@ impl<P> Scheduler<P> {
             .pop_front()
             .expect("queue checked non-empty");
         let nc_inflight = self.inflight[NONCRIT];
-        self.inflight[lane] += 1;
+        let pool = if lane == CRIT { CRIT } else { NONCRIT };
+        self.inflight[pool] += 1;
+        self.lane_inflight[lane] += 1;
+        self.last_dispatch[lane] = now;
+        self.tokens_left[lane] = self.tokens_left[lane].saturating_sub(1);
+        self.counters.lane_dispatches[lane] += 1;
         let e = self.reqs.get_mut(&id).expect("queued request is known");
-        if lane == NONCRIT {
+        if lane != CRIT {
             self.last_nc_dispatch = now;
             self.cap.on_noncritical_dispatch(paced_bytes(&e.info), now);
         }
         debug_assert_eq!(e.loc, Location::Queued);
+        debug_assert_eq!(e.lane, lane);
         e.loc = Location::AtDevice;
         e.dispatched = now;
         e.nc_at_dispatch = nc_inflight;
@@ -425,14 +616,16 @@ impl<P> Scheduler<P> {
             Location::AtDevice,
             "request {id} completed before dispatch"
         );
-        let lane = self.lane(e.class);
-        self.inflight[lane] -= 1;
+        let lane = e.lane;
+        let pool = if lane == CRIT { CRIT } else { NONCRIT };
+        self.inflight[pool] -= 1;
+        self.lane_inflight[lane] -= 1;
         self.slots_used[e.slot] -= 1;
         if e.class == Class::NonCritical && self.cfg.classes {
             self.ncio.remove(id, e.info.offset);
         }
         let device_time = now.saturating_sub(e.dispatched);
-        if lane == NONCRIT {
+        if lane != CRIT {
             self.cap.on_noncritical_complete(paced_bytes(&e.info), now);
         } else if self.cfg.classes {
             if e.info.op == Op::Write {
@@ -440,9 +633,9 @@ impl<P> Scheduler<P> {
             }
             self.cap
                 .on_critical_complete(device_time, e.nc_at_dispatch, e.dispatched, now);
-            if self.cfg.anticipation > 0 {
-                self.anticipate_until = Some(now + self.cfg.anticipation);
-            }
+        }
+        if self.cfg.classes {
+            self.lane_completed(lane, now);
         }
         let mut admitted = Vec::new();
         if let Some(next) = self.admission[e.slot].pop_front() {
@@ -459,6 +652,34 @@ impl<P> Scheduler<P> {
         }
     }
 
+    /// A request of `lane` completed: if the lane has nothing more queued
+    /// or at the device, its think time starts, and with anticipation on a
+    /// window opens for it when its mean think time fits the window.
+    fn lane_completed(&mut self, lane: usize, now: Nanos) {
+        if !self.queues[lane].is_empty() || self.lane_inflight[lane] > 0 {
+            return;
+        }
+        self.think[lane].idle_since = Some(now);
+        let window = self.cfg.anticipation;
+        if window == 0 || lane == LANES - 1 {
+            return;
+        }
+        if self
+            .antic
+            .is_some_and(|(served, until)| served < lane && now < until)
+        {
+            return; // a higher lane's window stays
+        }
+        if !self.cfg.think_time || self.think[lane].worth_waiting(window) {
+            self.antic = Some((lane, now + window));
+        } else {
+            self.counters.anticipation_skipped += 1;
+            if self.antic.is_some_and(|(served, _)| served == lane) {
+                self.antic = None;
+            }
+        }
+    }
+
     /// Makes an outstanding request critical wherever it is. Returns what
     /// was done; `Admitted` means the request just got a slot (wake its
     /// submitter).
@@ -469,7 +690,7 @@ impl<P> Scheduler<P> {
         if e.class == Class::Critical || !self.cfg.classes {
             return Promotion::AlreadyCritical;
         }
-        let (loc, offset) = (e.loc, e.info.offset);
+        let (loc, offset, lane) = (e.loc, e.info.offset, e.lane);
         if loc == Location::AtDevice {
             // It stays non-critical (and in the index) until it completes.
             self.counters.promoted_at_device += 1;
@@ -494,11 +715,12 @@ impl<P> Scheduler<P> {
             }
             Location::Queued => {
                 self.counters.promoted_queued += 1;
-                let at = position(&self.queues[NONCRIT], |&(r, _)| r == id);
-                let queued = self.queues[NONCRIT].remove(at).expect("in range");
+                let at = position(&self.queues[lane], |&(r, _)| r == id);
+                let queued = self.queues[lane].remove(at).expect("in range");
                 // It keeps its non-critical slot; it now competes as critical.
+                self.reqs.get_mut(&id).expect("checked above").lane = CRIT;
                 self.queues[CRIT].push_back(queued);
-                self.anticipate_until = None;
+                self.antic = None;
                 Promotion::Requeued
             }
             Location::AtDevice => unreachable!("handled above"),
@@ -511,7 +733,8 @@ impl<P> Scheduler<P> {
     pub fn next_timer(&self, now: Nanos) -> Option<Nanos> {
         let bytes = self.noncritical_head_bytes()?;
         let paced = self.cap.pace_deadline(bytes, now);
-        [self.anticipate_until, self.cap.probe_deadline(), paced]
+        let window = self.antic.map(|(_, until)| until);
+        [window, self.cap.probe_deadline(), paced]
             .into_iter()
             .flatten()
             .filter(|&t| t > now)
@@ -536,7 +759,7 @@ impl<P> Scheduler<P> {
     /// Whether any request is queued (so a dispatch decision needs the
     /// time); false lets a driver skip reading its clock.
     pub fn dispatchable(&self) -> bool {
-        !self.queues[CRIT].is_empty() || !self.queues[NONCRIT].is_empty()
+        self.queues.iter().any(|q| !q.is_empty())
     }
 
     /// How many requests are outstanding (anywhere).
@@ -556,7 +779,13 @@ impl<P> Scheduler<P> {
 
     /// Requests queued (admitted, not dispatched), per class.
     pub fn queued(&self) -> [usize; 2] {
-        [self.queues[CRIT].len(), self.queues[NONCRIT].len()]
+        let nc = self.queues[1..].iter().map(VecDeque::len).sum();
+        [self.queues[CRIT].len(), nc]
+    }
+
+    /// Requests queued per lane (critical, then background levels).
+    pub fn queued_per_lane(&self) -> [usize; LANES] {
+        std::array::from_fn(|lane| self.queues[lane].len())
     }
 
     /// Requests waiting for a slot, per class.
@@ -590,34 +819,45 @@ impl<P> Scheduler<P> {
     /// Checks every structural invariant (costly: tests and debug builds).
     #[cfg(any(test, debug_assertions))]
     pub fn check_invariants(&self) {
-        let mut at = [[0u32; 2]; 3];
+        let mut waiting = [0usize; 2];
+        let mut queued = [0usize; LANES];
+        let mut at_device = [0u32; LANES];
         let mut slots = [0u32; 2];
         for e in self.reqs.values() {
-            let loc = match e.loc {
-                Location::AwaitingAdmission => 0,
-                Location::Queued => 1,
-                Location::AtDevice => 2,
-            };
-            at[loc][self.lane(e.class)] += 1;
+            match e.loc {
+                Location::AwaitingAdmission => waiting[self.pool(e.class)] += 1,
+                Location::Queued => {
+                    assert_eq!(
+                        e.lane,
+                        self.lane_of(e.class, e.info.level),
+                        "lane of a queued request"
+                    );
+                    queued[e.lane] += 1;
+                }
+                Location::AtDevice => at_device[e.lane] += 1,
+            }
             if e.loc != Location::AwaitingAdmission {
                 slots[e.slot] += 1;
             }
         }
-        for lane in [CRIT, NONCRIT] {
+        for pool in [CRIT, NONCRIT] {
             assert_eq!(
-                at[0][lane] as usize,
-                self.admission[lane].len(),
-                "admission lane {lane}"
+                waiting[pool],
+                self.admission[pool].len(),
+                "admission pool {pool}"
             );
-            assert_eq!(
-                at[1][lane] as usize,
-                self.queues[lane].len(),
-                "queue lane {lane}"
-            );
-            assert_eq!(at[2][lane], self.inflight[lane], "inflight lane {lane}");
-            assert_eq!(slots[lane], self.slots_used[lane], "slots lane {lane}");
-            assert!(self.slots_used[lane] <= self.pool_size(lane));
+            assert_eq!(slots[pool], self.slots_used[pool], "slots pool {pool}");
+            assert!(self.slots_used[pool] <= self.pool_size(pool));
         }
+        for lane in 0..LANES {
+            assert_eq!(queued[lane], self.queues[lane].len(), "queue lane {lane}");
+            assert_eq!(
+                at_device[lane], self.lane_inflight[lane],
+                "inflight lane {lane}"
+            );
+        }
+        assert_eq!(at_device[CRIT], self.inflight[CRIT]);
+        assert_eq!(at_device[1..].iter().sum::<u32>(), self.inflight[NONCRIT]);
         for &(id, queued) in self.queues.iter().flatten() {
             let e = &self.reqs[&id];
             assert_eq!(e.loc, Location::Queued, "request {id} queued twice");

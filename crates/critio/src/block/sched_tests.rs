@@ -2,7 +2,7 @@
 //! completions, and checks of what each class received.
 
 use super::cap::NoncriticalCap;
-use super::sched::{Location, Promotion, ReqInfo, SchedConfig, Scheduler};
+use super::sched::{LaneTokens, Location, Promotion, ReqInfo, SchedConfig, Scheduler, LANES};
 use super::ReqId;
 use crate::class::Class::{self, Critical as C, NonCritical as N};
 use crate::device::Op;
@@ -24,6 +24,8 @@ fn cfg() -> SchedConfig {
         starvation_period: 10 * MS,
         noncritical_cap: NoncriticalCap::Fixed(1),
         anticipation: 0,
+        think_time: true,
+        tokens: LaneTokens::default(),
         device_depth: 8,
     }
 }
@@ -46,10 +48,20 @@ impl Harness {
 
     /// Submits a request; returns (id, admitted).
     fn submit_op(&mut self, class: Class, op: Op, len: u64) -> (ReqId, bool) {
+        self.submit_at_level(class, 0, op, len)
+    }
+
+    /// Submits a 4 KiB non-critical read at a background level.
+    fn submit_bg(&mut self, level: u8) -> ReqId {
+        self.submit_at_level(N, level, Op::Read, 4096).0
+    }
+
+    fn submit_at_level(&mut self, class: Class, level: u8, op: Op, len: u64) -> (ReqId, bool) {
         let id = self.next;
         self.next += 1;
         let info = ReqInfo {
             class,
+            level,
             op,
             offset: id * len,
             len,
@@ -445,4 +457,237 @@ fn a_probe_pauses_background_briefly_and_ends_on_clean_samples() {
         "longest background pause {} ms",
         longest / MS
     );
+}
+
+/// Which lane each dispatched request came from, in order.
+fn lanes_of(h: &Harness, levels: &std::collections::HashMap<ReqId, usize>) -> Vec<usize> {
+    h.dispatched.iter().map(|(id, _)| levels[id]).collect()
+}
+
+#[test]
+fn background_levels_are_served_in_order_and_a_level_past_the_last_is_clamped() {
+    let mut h = Harness::new(SchedConfig {
+        noncritical_cap: NoncriticalCap::Fixed(0),
+        noncritical_slots: 8,
+        ..cfg()
+    });
+    let mut lane = std::collections::HashMap::new();
+    for level in [2u8, 0, 200, 1] {
+        lane.insert(h.submit_bg(level), 1 + usize::from(level.min(7)));
+    }
+    let c = h.submit(C).0;
+    lane.insert(c, 0);
+    h.dispatch();
+    assert_eq!(lanes_of(&h, &lane), vec![0, 1, 2, 3, 8]);
+    assert_eq!(h.s.counters().lane_dispatches[8], 1, "level 200 is level 7");
+}
+
+#[test]
+fn a_lane_that_used_its_tokens_yields_until_the_others_had_theirs() {
+    // One request at the device at a time, so every dispatch is a decision.
+    let mut h = Harness::new(SchedConfig {
+        noncritical_cap: NoncriticalCap::Fixed(0),
+        critical_slots: 16,
+        noncritical_slots: 16,
+        device_depth: 1,
+        tokens: LaneTokens::from_slice(&[3, 2, 1]).unwrap(),
+        ..cfg()
+    });
+    let mut lane = std::collections::HashMap::new();
+    for _ in 0..8 {
+        lane.insert(h.submit(C).0, 0);
+        lane.insert(h.submit_bg(0), 1);
+        lane.insert(h.submit_bg(1), 2);
+    }
+    for _ in 0..12 {
+        h.dispatch();
+        h.complete_oldest();
+    }
+    assert_eq!(
+        lanes_of(&h, &lane),
+        vec![0, 0, 0, 1, 1, 2, 0, 0, 0, 1, 1, 2],
+        "each lane its budget per round, highest first"
+    );
+    assert_eq!(h.s.counters().token_rounds, 1);
+
+    // With the other lanes empty, a lane past its budget is not held back.
+    let mut h = Harness::new(SchedConfig {
+        device_depth: 1,
+        tokens: LaneTokens::from_slice(&[1, 1]).unwrap(),
+        ..cfg()
+    });
+    for _ in 0..3 {
+        h.submit(C);
+    }
+    for _ in 0..3 {
+        assert_eq!(h.dispatch(), vec![C]);
+        h.complete_oldest();
+    }
+}
+
+#[test]
+fn anticipation_opens_only_for_a_lane_whose_think_time_fits_the_window() {
+    let mut h = Harness::new(SchedConfig {
+        anticipation: 2 * MS,
+        ..cfg()
+    });
+    h.advance(MS);
+    // A critical stream that thinks 5 ms between requests, longer than the
+    // window: after its first think time is measured, no window opens.
+    let mut held_after = Vec::new();
+    for _ in 0..4 {
+        let c = h.submit(C).0;
+        h.dispatch();
+        h.advance(100 * US);
+        h.complete(c);
+        let n = h.submit(N).0;
+        held_after.push(h.dispatch().is_empty());
+        if held_after.last() == Some(&true) {
+            h.advance(2 * MS);
+            assert_eq!(h.dispatch(), vec![N], "the window ends");
+        }
+        h.complete(n);
+        h.advance(5 * MS);
+    }
+    assert_eq!(
+        held_after,
+        vec![true, false, false, false],
+        "no history: anticipate; then the measured 5 ms think time rules it out"
+    );
+    // Three for the critical lane, three for the background one (it too
+    // thinks 5 ms).
+    assert_eq!(h.s.counters().anticipation_skipped, 6);
+
+    // A stream that comes back within the window is anticipated again.
+    for _ in 0..20 {
+        let c = h.submit(C).0;
+        h.dispatch();
+        h.advance(100 * US);
+        h.complete(c);
+        h.advance(500 * US);
+    }
+    let c = h.submit(C).0;
+    h.dispatch();
+    h.complete(c);
+    h.submit(N);
+    assert!(h.dispatch().is_empty(), "mean think time now fits: held");
+
+    // With the heuristic off, a slow stream gets a window every time.
+    let mut h = Harness::new(SchedConfig {
+        anticipation: 2 * MS,
+        think_time: false,
+        ..cfg()
+    });
+    for _ in 0..4 {
+        h.advance(5 * MS);
+        let c = h.submit(C).0;
+        h.dispatch();
+        h.complete(c);
+        let n = h.submit(N).0;
+        assert!(h.dispatch().is_empty(), "held");
+        h.advance(2 * MS);
+        h.dispatch();
+        h.complete(n);
+    }
+    assert_eq!(h.s.counters().anticipation_skipped, 0);
+}
+
+#[test]
+fn a_background_level_anticipates_for_itself_not_over_higher_lanes() {
+    let mut h = Harness::new(SchedConfig {
+        anticipation: 2 * MS,
+        noncritical_cap: NoncriticalCap::Fixed(0),
+        ..cfg()
+    });
+    h.advance(MS);
+    let hi = h.submit_bg(0);
+    h.submit_bg(3);
+    assert_eq!(
+        h.dispatch().len(),
+        1,
+        "level 3 waits while level 0 is at the device"
+    );
+    h.complete(hi);
+    assert!(h.dispatch().is_empty(), "and for level 0's window");
+    h.submit(C);
+    assert_eq!(
+        h.dispatch(),
+        vec![C],
+        "a higher lane is never held by a lower one's window"
+    );
+    h.complete_oldest();
+    h.advance(2 * MS + 1);
+    assert_eq!(h.dispatch(), vec![N], "both windows over");
+}
+
+#[test]
+fn a_lane_past_its_token_budget_holds_no_window() {
+    let mut h = Harness::new(SchedConfig {
+        anticipation: 2 * MS,
+        tokens: LaneTokens::from_slice(&[2, 1]).unwrap(),
+        ..cfg()
+    });
+    h.advance(MS);
+    h.submit(N);
+    let c = h.submit(C).0;
+    assert_eq!(
+        h.dispatch(),
+        vec![C],
+        "held while the critical lane has budget"
+    );
+    h.advance(100 * US);
+    h.complete(c);
+    assert!(h.dispatch().is_empty(), "and for its window");
+    h.advance(100 * US);
+    h.submit(C);
+    assert_eq!(
+        h.dispatch(),
+        vec![C, N],
+        "the critical lane used its budget: it no longer holds background"
+    );
+}
+
+#[test]
+fn the_starvation_timer_serves_the_level_that_waited_longest() {
+    let mut h = Harness::new(SchedConfig {
+        anticipation: 2 * MS,
+        device_depth: 1,
+        ..cfg()
+    });
+    h.advance(MS);
+    let low = h.submit_bg(6);
+    h.advance(MS);
+    h.submit_bg(0);
+    let mut got_low = None;
+    for _ in 0..100 {
+        h.submit(C);
+        h.dispatch();
+        h.advance(500 * US);
+        h.complete_oldest();
+        if got_low.is_none() && h.dispatched.iter().any(|&(id, _)| id == low) {
+            got_low = Some(h.now);
+        }
+    }
+    let at = got_low.expect("the lowest level is served");
+    assert!(
+        at <= 12 * MS + 500 * US,
+        "within a period of its arrival: {at}"
+    );
+}
+
+#[test]
+fn lane_tokens_parse_from_a_list_and_refuse_too_many() {
+    #[derive(serde::Deserialize)]
+    struct T {
+        tokens: LaneTokens,
+    }
+    let t: T = toml::from_str("tokens = [16, 4, 2]").unwrap();
+    assert_eq!(&t.tokens.0[..4], &[16, 4, 2, 0]);
+    assert!(t.tokens.enabled());
+    let e = toml::from_str::<T>(&format!("tokens = {:?}", vec![1; LANES + 1]))
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("lanes"), "{e}");
+    assert!(!LaneTokens::default().enabled());
 }

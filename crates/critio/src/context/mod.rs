@@ -73,6 +73,24 @@ pub fn current_is_foreground() -> bool {
     registry::CURRENT.with(|r| r.0.is_foreground())
 }
 
+thread_local! {
+    static BACKGROUND_LEVEL: std::cell::Cell<u8> = const { std::cell::Cell::new(0) };
+}
+
+/// Sets the current thread's background level (0, the default, is the
+/// highest; see `block::BACKGROUND_LEVELS`): its non-critical I/O is queued
+/// in that level's lane, below the critical lane and below every higher
+/// level (paper 004's priority levels, like `ionice -c2 -n LEVEL`). A
+/// request the thread makes critical (foreground, inherited) ignores it.
+pub fn set_background_level(level: u8) {
+    BACKGROUND_LEVEL.with(|l| l.set(level));
+}
+
+/// The current thread's background level (see [`set_background_level`]).
+pub fn current_background_level() -> u8 {
+    BACKGROUND_LEVEL.with(std::cell::Cell::get)
+}
+
 /// Marks the current thread foreground for the rest of its life (until
 /// [`clear_foreground`]).
 pub fn set_foreground() {
