@@ -39,7 +39,12 @@
 //! // A background checkpoint: non-critical unless a request waits for it.
 //! stack.cache().flush_all()?;
 //! log.truncate(log.durable_lsn())?;
-//! assert!(stack.metrics().snapshot().wait_points.iter().any(|w| w.point == "log: commit wait"));
+//!
+//! // Where requests waited, per wait point and class ("log: commit wait"
+//! // when a commit found its record not yet durable).
+//! for w in stack.metrics().snapshot().wait_points {
+//!     println!("{} ({:?}): {} waits", w.point, w.class, w.latency.count);
+//! }
 //! # Ok(())
 //! # }
 //! ```
