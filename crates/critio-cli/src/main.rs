@@ -10,6 +10,7 @@ mod demo;
 mod kvbench;
 mod plot;
 mod results;
+mod run;
 mod serve;
 mod workload;
 
@@ -66,6 +67,9 @@ enum Command {
     },
     /// Serve the Redis-protocol key-value store (stop with SIGINT or SIGTERM).
     Serve(serve::ServeArgs),
+    /// Run an unmodified program with request-centric I/O priority:
+    /// foreground threads by rule, background writes paced.
+    Run(run::RunArgs),
 }
 
 fn bench(
@@ -101,6 +105,12 @@ fn bench(
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Run(args) => {
+            return run::run(args).unwrap_or_else(|msg| {
+                eprintln!("critio run: {msg}");
+                ExitCode::FAILURE
+            })
+        }
         Command::Demo {
             quick,
             workload,

@@ -1,0 +1,531 @@
+//! `critio run [OPTIONS] -- COMMAND ARGS...`: request-centric I/O priority
+//! for a program nobody will rewrite.
+//!
+//! ```text
+//!  critio run ── creates the control block (a file in /dev/shm), writes the rules
+//!      │         writes the embedded critio-preload library out once (temp dir)
+//!      │ spawn COMMAND with LD_PRELOAD=libcritio_preload.so, CRITIO_RUN_CONTROL=block
+//!      │ (inherited by every child process and exec)
+//!      v
+//!  controller thread, every window_ms:
+//!      mean foreground fsync latency of the window (from the block)
+//!      above target_ratio x its clean baseline  -> background rate halved (not below min_rate)
+//!      else                                     -> rate raised by step (up to max_rate)
+//!  at exit (or on SIGUSR1): --stats prints the per-class latency histograms and the
+//!  pacing decisions; --explain the class each process and thread was given, and why
+//! ```
+//!
+//! The classification rules and what the library does with them are in
+//! `critio-control` and `critio-preload`. Rules are tried in order:
+//! `--background` rules first (the exceptions), then `--foreground` ones,
+//! then the preset's; a thread none matches is background.
+
+use std::ffi::OsString;
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use critio_control::{quantile, Class, Control, Op, Rule, ENV_CONTROL};
+use serde::Deserialize;
+
+/// The library `critio run` preloads, built by build.rs.
+const PRELOAD: &[u8] = include_bytes!(env!("CRITIO_PRELOAD_SO"));
+
+/// `critio run`'s options.
+#[derive(clap::Args, Debug)]
+pub struct RunArgs {
+    /// Make matching threads foreground: `main` (the launched process's
+    /// main thread), `title=GLOB` (processes by title), `thread=GLOB`
+    /// (threads by name). Repeatable.
+    #[arg(long = "foreground", value_name = "RULE")]
+    foreground: Vec<String>,
+    /// Make matching threads background (tried before the foreground
+    /// rules). Repeatable.
+    #[arg(long = "background", value_name = "RULE")]
+    background: Vec<String>,
+    /// Rules for a known program: `redis` (its main thread is foreground;
+    /// fork children and bio threads background) or `postgres` (backends
+    /// foreground; checkpointer, background writer, WAL writer, autovacuum
+    /// background).
+    #[arg(long, value_name = "PROGRAM")]
+    preset: Option<Preset>,
+    /// A TOML file with rules and the controller's settings (see
+    /// `RunConfig`; command-line rules come first).
+    #[arg(long, value_name = "PATH")]
+    config: Option<PathBuf>,
+    /// Print the class each process and thread was given, and by which rule.
+    #[arg(long)]
+    explain: bool,
+    /// Print per-class latency histograms and the pacing decisions at exit
+    /// (and whenever critio run gets SIGUSR1).
+    #[arg(long)]
+    stats: bool,
+    /// Classify and set priorities, but do not pace background writes.
+    #[arg(long)]
+    no_pace: bool,
+    /// Load the library but pass every call straight through.
+    #[arg(long)]
+    disable: bool,
+    /// The command and its arguments.
+    #[arg(
+        required = true,
+        trailing_var_arg = true,
+        allow_hyphen_values = true,
+        value_name = "COMMAND"
+    )]
+    command: Vec<OsString>,
+}
+
+/// Programs with built-in rules.
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+pub enum Preset {
+    /// Redis: the main thread serves requests.
+    Redis,
+    /// PostgreSQL: backend processes serve requests.
+    Postgres,
+}
+
+impl Preset {
+    /// (background rules, foreground rules).
+    fn rules(self) -> (&'static [&'static str], &'static [&'static str]) {
+        match self {
+            Preset::Redis => (&[], &["main"]),
+            Preset::Postgres => (
+                &[
+                    "title=postgres: autovacuum*",
+                    "title=postgres: walsender*",
+                    "title=postgres: logical replication*",
+                ],
+                &["title=postgres: * * *"],
+            ),
+        }
+    }
+}
+
+/// The controller's settings (a `--config` file; every field optional).
+#[derive(Clone, Debug, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RunConfig {
+    /// Foreground rules, after the command line's.
+    pub foreground: Vec<String>,
+    /// Background rules, after the command line's.
+    pub background: Vec<String>,
+    /// A background writer hands its data to writeback every this many
+    /// KiB (its most in flight). Default 1024.
+    pub chunk_kib: u64,
+    /// The background rate the controller starts at, MiB/s. Default 64.
+    pub start_rate_mib: f64,
+    /// It never paces below this (background progress), MiB/s. Default 8.
+    pub min_rate_mib: f64,
+    /// Nor above this, MiB/s (beyond it writes go unpaced). Default 1024.
+    pub max_rate_mib: f64,
+    /// Added per window while the foreground's latency is near its
+    /// baseline, MiB/s. Default 8.
+    pub step_mib: f64,
+    /// The controller's window, ms. Default 100.
+    pub window_ms: u64,
+    /// A window whose mean foreground fsync latency exceeds this times the
+    /// baseline halves the rate. Default 2.0.
+    pub target_ratio: f64,
+}
+
+impl Default for RunConfig {
+    fn default() -> Self {
+        Self {
+            foreground: Vec::new(),
+            background: Vec::new(),
+            chunk_kib: 1024,
+            start_rate_mib: 64.0,
+            min_rate_mib: 8.0,
+            max_rate_mib: 1024.0,
+            step_mib: 8.0,
+            window_ms: 100,
+            target_ratio: 2.0,
+        }
+    }
+}
+
+impl RunConfig {
+    fn validate(&self) -> Result<(), String> {
+        if self.chunk_kib == 0 || self.window_ms == 0 {
+            return Err("chunk_kib and window_ms must be positive".into());
+        }
+        if !(self.min_rate_mib > 0.0
+            && self.min_rate_mib <= self.start_rate_mib
+            && self.start_rate_mib <= self.max_rate_mib)
+        {
+            return Err(format!(
+                "rates must satisfy 0 < min_rate_mib ({}) <= start_rate_mib ({}) <= max_rate_mib ({})",
+                self.min_rate_mib, self.start_rate_mib, self.max_rate_mib
+            ));
+        }
+        if self.target_ratio.is_nan() || self.target_ratio < 1.0 || self.step_mib < 0.0 {
+            return Err("target_ratio must be >= 1.0 and step_mib >= 0".into());
+        }
+        Ok(())
+    }
+}
+
+const MIB: f64 = 1048576.0;
+
+/// The control block: a file in /dev/shm mapped shared, removed on drop.
+struct Block {
+    path: PathBuf,
+    ptr: *mut Control,
+}
+
+// SAFETY: the mapping is shared memory whose every mutable field is
+// atomic; `Block` only hands out `&Control`.
+unsafe impl Send for Block {}
+// SAFETY: as above.
+unsafe impl Sync for Block {}
+
+impl Block {
+    fn create(rules: &[Rule], chunk_bytes: u64) -> Result<Block, String> {
+        let dir = Path::new("/dev/shm");
+        let dir = if dir.is_dir() {
+            dir.to_path_buf()
+        } else {
+            std::env::temp_dir()
+        };
+        let path = dir.join(format!("critio-run-{}", std::process::id()));
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)
+            .map_err(|e| format!("cannot create the control block {}: {e}", path.display()))?;
+        file.set_len(Control::SIZE as u64)
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+        // SAFETY: a fresh shared mapping of the whole file, which was just
+        // sized to Control::SIZE and is zero-filled.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                Control::SIZE,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                std::os::fd::AsRawFd::as_raw_fd(&file),
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            let _ = std::fs::remove_file(&path);
+            return Err(format!(
+                "cannot map the control block: {}",
+                std::io::Error::last_os_error()
+            ));
+        }
+        let ptr = p.cast::<Control>();
+        let block = Block { path, ptr };
+        // SAFETY: the mapping is page-aligned, Control::SIZE bytes, zeroed
+        // (valid for every field), and no other process has it yet, so this
+        // is the only reference.
+        unsafe { (*ptr).init(rules, chunk_bytes)? };
+        Ok(block)
+    }
+
+    fn control(&self) -> &Control {
+        // SAFETY: see `create`; from here on it is shared and only read or
+        // updated through atomics.
+        unsafe { &*self.ptr }
+    }
+}
+
+impl Drop for Block {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `create`, unmapped once.
+        unsafe { libc::munmap(self.ptr.cast(), Control::SIZE) };
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// Writes the embedded library out (once per content) and returns its path.
+fn preload_path() -> Result<PathBuf, String> {
+    let hash = PRELOAD.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+    });
+    let path = std::env::temp_dir().join(format!("critio-preload-{hash:016x}.so"));
+    if std::fs::metadata(&path).is_ok_and(|m| m.len() == PRELOAD.len() as u64) {
+        return Ok(path);
+    }
+    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+    std::fs::write(&tmp, PRELOAD).map_err(|e| format!("{}: {e}", tmp.display()))?;
+    std::fs::rename(&tmp, &path).map_err(|e| format!("{}: {e}", path.display()))?;
+    Ok(path)
+}
+
+/// The rules in force, in order, and the config.
+fn rules_and_config(args: &RunArgs) -> Result<(Vec<Rule>, RunConfig), String> {
+    let cfg: RunConfig = match &args.config {
+        Some(p) => {
+            let text = std::fs::read_to_string(p).map_err(|e| format!("{}: {e}", p.display()))?;
+            toml::from_str(&text).map_err(|e| format!("{}: {e}", p.display()))?
+        }
+        None => RunConfig::default(),
+    };
+    cfg.validate()?;
+    let (pre_bg, pre_fg) = args.preset.map_or((&[][..], &[][..]), Preset::rules);
+    let mut rules = Vec::new();
+    let bg = args
+        .background
+        .iter()
+        .chain(&cfg.background)
+        .map(String::as_str);
+    for r in bg.chain(pre_bg.iter().copied()) {
+        rules.push(Rule::parse(r, Class::Background)?);
+    }
+    let fg = args
+        .foreground
+        .iter()
+        .chain(&cfg.foreground)
+        .map(String::as_str);
+    for r in fg.chain(pre_fg.iter().copied()) {
+        rules.push(Rule::parse(r, Class::Foreground)?);
+    }
+    if !rules.iter().any(|r| r.class() == Class::Foreground) {
+        return Err(
+            "no foreground rule: give --foreground RULE or --preset (everything would be background)"
+                .into(),
+        );
+    }
+    Ok((rules, cfg))
+}
+
+/// Runs the command; its exit code is critio run's.
+pub fn run(args: RunArgs) -> Result<ExitCode, String> {
+    let (rules, cfg) = rules_and_config(&args)?;
+    let block = Arc::new(Block::create(&rules, cfg.chunk_kib * 1024)?);
+    let c = block.control();
+    c.rate_bytes_per_sec.store(
+        if args.no_pace {
+            0
+        } else {
+            (cfg.start_rate_mib * MIB) as u64
+        },
+        Ordering::Relaxed,
+    );
+    let lib = preload_path()?;
+    let preload = match std::env::var_os("LD_PRELOAD") {
+        Some(old) if !old.is_empty() => {
+            let mut v = lib.clone().into_os_string();
+            v.push(":");
+            v.push(old);
+            v
+        }
+        _ => lib.into_os_string(),
+    };
+    let mut child = Command::new(&args.command[0])
+        .args(&args.command[1..])
+        .env("LD_PRELOAD", preload)
+        .env(ENV_CONTROL, &block.path)
+        .spawn()
+        .map_err(|e| format!("cannot run {}: {e}", args.command[0].to_string_lossy()))?;
+    c.root_pid.store(child.id() as i32, Ordering::Relaxed);
+    c.enable(!args.disable);
+
+    let done = Arc::new(AtomicBool::new(false));
+    let usr1 = Arc::new(AtomicBool::new(false));
+    let _ = signal_hook::flag::register(signal_hook::consts::SIGUSR1, usr1.clone());
+    let forward = Arc::new(AtomicBool::new(false));
+    let _ = signal_hook::flag::register(signal_hook::consts::SIGTERM, forward.clone());
+    let controller = {
+        let (block, done, cfg) = (block.clone(), done.clone(), cfg.clone());
+        let (usr1, forward, pace, stats) =
+            (usr1.clone(), forward.clone(), !args.no_pace, args.stats);
+        let pid = child.id() as i32;
+        std::thread::spawn(move || {
+            let mut ctl = Controller::new(&cfg);
+            while !done.load(Ordering::Relaxed) {
+                std::thread::sleep(Duration::from_millis(cfg.window_ms));
+                if pace {
+                    ctl.window(block.control());
+                }
+                if forward.swap(false, Ordering::Relaxed) {
+                    // SAFETY: kill takes integers; the child is ours.
+                    unsafe { libc::kill(pid, libc::SIGTERM) };
+                }
+                if usr1.swap(false, Ordering::Relaxed) && stats {
+                    print_stats(block.control(), &ctl);
+                }
+            }
+            ctl
+        })
+    };
+    let status = child
+        .wait()
+        .map_err(|e| format!("waiting for the command: {e}"))?;
+    done.store(true, Ordering::Relaxed);
+    let ctl = controller.join().map_err(|_| "the controller panicked")?;
+    if args.explain {
+        print_explain(c);
+    }
+    if args.stats {
+        print_stats(c, &ctl);
+    }
+    let code = match (status.code(), status.signal()) {
+        (Some(code), _) => code,
+        (None, Some(sig)) => 128 + sig,
+        _ => 1,
+    };
+    Ok(ExitCode::from(code.clamp(0, 255) as u8))
+}
+
+/// The background rate's controller: AIMD on the foreground's mean fsync
+/// latency against its clean baseline (the lowest window mean seen,
+/// drifting up 1% per window so a device that got slower is re-learnt).
+#[derive(Debug)]
+struct Controller {
+    cfg: RunConfig,
+    rate: f64,
+    baseline: Option<f64>,
+    windows: u64,
+    rate_min_seen: f64,
+    rate_sum: f64,
+    started: Instant,
+}
+
+impl Controller {
+    fn new(cfg: &RunConfig) -> Self {
+        let rate = cfg.start_rate_mib * MIB;
+        Self {
+            cfg: cfg.clone(),
+            rate,
+            baseline: None,
+            windows: 0,
+            rate_min_seen: rate,
+            rate_sum: 0.0,
+            started: Instant::now(),
+        }
+    }
+
+    fn window(&mut self, c: &Control) {
+        let sum = c.fg_sync_ns.swap(0, Ordering::Relaxed);
+        let n = c.fg_sync_count.swap(0, Ordering::Relaxed);
+        let (min, max, step) = (
+            self.cfg.min_rate_mib * MIB,
+            self.cfg.max_rate_mib * MIB,
+            self.cfg.step_mib * MIB,
+        );
+        let over = if n == 0 {
+            false
+        } else {
+            let mean = sum as f64 / n as f64;
+            let base = self.baseline.map_or(mean, |b| (b * 1.01).min(mean));
+            self.baseline = Some(base);
+            mean > self.cfg.target_ratio * base
+        };
+        if over {
+            self.rate = (self.rate / 2.0).max(min);
+            c.rate_cuts.fetch_add(1, Ordering::Relaxed);
+        } else {
+            self.rate = (self.rate + step).min(max);
+            c.rate_raises.fetch_add(1, Ordering::Relaxed);
+        }
+        let paced = if self.rate >= max {
+            0
+        } else {
+            self.rate as u64
+        };
+        c.rate_bytes_per_sec.store(paced, Ordering::Relaxed);
+        self.windows += 1;
+        self.rate_min_seen = self.rate_min_seen.min(self.rate);
+        self.rate_sum += self.rate;
+    }
+}
+
+fn ms(ns: u64) -> String {
+    format!("{:.3}", ns as f64 / 1e6)
+}
+
+fn print_stats(c: &Control, ctl: &Controller) {
+    eprintln!("critio run: I/O latency per class (histogram bucket bounds, ms)");
+    eprintln!(
+        "  {:<11} {:<6} {:>10} {:>9} {:>9} {:>9} {:>9}",
+        "class", "op", "calls", "p50", "p99", "p99.9", "max"
+    );
+    for class in [Class::Foreground, Class::Background] {
+        for op in Op::ALL {
+            let h = c.histogram(class, op);
+            let n: u64 = h.iter().sum();
+            if n == 0 {
+                continue;
+            }
+            let q = |q| quantile(&h, q).map_or("-".into(), ms);
+            eprintln!(
+                "  {:<11} {:<6} {:>10} {:>9} {:>9} {:>9} {:>9}",
+                class.name(),
+                op.name(),
+                n,
+                q(0.5),
+                q(0.99),
+                q(0.999),
+                q(1.0)
+            );
+        }
+    }
+    let get = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+    eprintln!(
+        "critio run: pacing: {} chunks, {:.1} MiB handed to writeback ({:.1} s waiting for it), \
+         {:.1} s waiting for the pace, {:.1} MiB dropped from the page cache",
+        get(&c.paced_chunks),
+        get(&c.paced_bytes) as f64 / MIB,
+        get(&c.writeback_wait_ns) as f64 / 1e9,
+        get(&c.pace_wait_ns) as f64 / 1e9,
+        get(&c.dropped_bytes) as f64 / MIB,
+    );
+    let mean = if ctl.windows > 0 {
+        ctl.rate_sum / ctl.windows as f64 / MIB
+    } else {
+        ctl.rate / MIB
+    };
+    eprintln!(
+        "critio run: controller: {} windows in {:.1} s, {} cuts, {} raises; rate now {:.0} MiB/s, \
+         mean {:.0}, lowest {:.0}; foreground fsync baseline {}",
+        ctl.windows,
+        ctl.started.elapsed().as_secs_f64(),
+        get(&c.rate_cuts),
+        get(&c.rate_raises),
+        ctl.rate / MIB,
+        mean,
+        ctl.rate_min_seen / MIB,
+        ctl.baseline
+            .map_or("not measured".into(), |b| format!("{} ms", ms(b as u64))),
+    );
+}
+
+fn print_explain(c: &Control) {
+    let rules = c.rules();
+    eprintln!("critio run: classification (first matching rule decides; none: background)");
+    eprintln!(
+        "  {:>7} {:>7}  {:<11} {:<26} {:<16} title",
+        "pid", "tid", "class", "rule", "thread"
+    );
+    for t in c.threads() {
+        let rule = t
+            .rule
+            .and_then(|i| rules.get(i))
+            .map_or("(default)".to_owned(), Rule::describe);
+        eprintln!(
+            "  {:>7} {:>7}  {:<11} {:<26} {:<16} {}",
+            t.pid,
+            t.tid,
+            t.class.name(),
+            rule,
+            t.name,
+            t.title
+        );
+    }
+    let n = c.n_threads.load(Ordering::Relaxed) as usize;
+    if n > critio_control::THREADS_MAX {
+        eprintln!(
+            "  ... and {} more (the log keeps the first {})",
+            n - critio_control::THREADS_MAX,
+            critio_control::THREADS_MAX
+        );
+    }
+}

@@ -1,0 +1,283 @@
+//! `critio run` on real programs: the interposition changes nothing a
+//! program can see (results, errno, fork and threads, with the control
+//! block present, disabled or absent), and real Redis under it writes,
+//! snapshots and rewrites its AOF into files stock Redis loads back.
+
+use std::net::TcpListener;
+use std::path::Path;
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+const CRITIO: &str = env!("CARGO_BIN_EXE_critio");
+const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/run/interpose.py");
+
+fn python() -> Option<&'static str> {
+    ["python3", "python"].into_iter().find(|p| {
+        Command::new(p)
+            .arg("--version")
+            .output()
+            .is_ok_and(|o| o.status.success())
+    })
+}
+
+fn text(o: &Output) -> (String, String) {
+    (
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn interposed_calls_return_what_the_real_ones_return() {
+    let Some(py) = python() else {
+        eprintln!("skipped: no python3 to run {SCRIPT}");
+        return;
+    };
+    let bare = Command::new(py).arg(SCRIPT).output().unwrap();
+    let (bare_out, bare_err) = text(&bare);
+    assert!(
+        bare.status.success(),
+        "bare run failed:\n{bare_out}\n{bare_err}"
+    );
+
+    // Everything foreground (the main thread), then everything background
+    // (paced, handed to writeback), then loaded but disabled, then loaded
+    // with no control block at all.
+    let runs: [&[&str]; 4] = [
+        &["--foreground", "main", "--explain", "--stats"],
+        &[
+            "--foreground",
+            "thread=nothing-is-called-this",
+            "--explain",
+            "--stats",
+        ],
+        &["--foreground", "main", "--disable"],
+        &[
+            "--foreground",
+            "main",
+            "--",
+            "env",
+            "-u",
+            "CRITIO_RUN_CONTROL",
+        ],
+    ];
+    for opts in runs {
+        let mut cmd = Command::new(CRITIO);
+        cmd.arg("run").args(opts);
+        if !opts.contains(&"--") {
+            cmd.arg("--");
+        }
+        let o = cmd.args([py, SCRIPT]).output().unwrap();
+        let (out, err) = text(&o);
+        assert!(o.status.success(), "{opts:?}:\n{out}\n{err}");
+        assert_eq!(out, bare_out, "{opts:?}: output differs from the bare run");
+        if opts.contains(&"--stats") {
+            assert!(err.contains("critio run: pacing:"), "{err}");
+        }
+    }
+}
+
+#[test]
+fn explain_shows_each_thread_and_the_rule_that_decided() {
+    let Some(py) = python() else {
+        eprintln!("skipped: no python3");
+        return;
+    };
+    let o = Command::new(CRITIO)
+        .args([
+            "run",
+            "--foreground",
+            "main",
+            "--background",
+            "thread=writer1",
+        ])
+        .args([
+            "--foreground",
+            "thread=writer*",
+            "--explain",
+            "--stats",
+            "--",
+        ])
+        .args([py, SCRIPT])
+        .output()
+        .unwrap();
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{out}\n{err}");
+    let line = |name: &str| {
+        err.lines()
+            .find(|l| l.split_whitespace().nth(4) == Some(name))
+            .unwrap_or_else(|| panic!("no thread {name} in:\n{err}"))
+            .to_owned()
+    };
+    assert!(
+        line("writer0").contains("foreground  thread=writer*"),
+        "{err}"
+    );
+    assert!(
+        line("writer1").contains("background  thread=writer1"),
+        "{err}"
+    );
+    // The main thread, by `main`; the forked child is another process.
+    assert!(err.contains("foreground  main"), "{err}");
+    assert!(err.contains("background  (default)"), "{err}");
+    // Background writers' chunks were handed to writeback.
+    let chunks: u64 = err
+        .split("critio run: pacing: ")
+        .nth(1)
+        .and_then(|s| s.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap();
+    assert!(chunks >= 1, "{err}");
+}
+
+#[test]
+fn bad_rules_and_a_missing_command_are_clear_errors() {
+    let run = |args: &[&str]| {
+        let o = Command::new(CRITIO).arg("run").args(args).output().unwrap();
+        assert!(!o.status.success());
+        text(&o).1
+    };
+    assert!(run(&["--foreground", "pid=1", "--", "true"]).contains("title=GLOB"));
+    assert!(run(&["--", "true"]).contains("no foreground rule"));
+    let e = run(&["--preset", "redis", "--", "/nonexistent/program"]);
+    assert!(e.contains("cannot run /nonexistent/program"), "{e}");
+    // The command's exit status is critio run's.
+    let o = Command::new(CRITIO)
+        .args(["run", "--preset", "redis", "--", "sh", "-c", "exit 42"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(42));
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn cli(port: u16, args: &[&str]) -> String {
+    let o = Command::new("redis-cli")
+        .args(["-p", &port.to_string()])
+        .args(args)
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&o.stdout).trim().to_owned()
+}
+
+fn wait_for(what: &str, mut ok: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !ok() {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "timed out: {what}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Starts redis-server in `dir` (under `critio run` when `wrap`), waits
+/// for it to answer, returns its port and process.
+fn redis(dir: &Path, wrap: bool) -> (u16, std::process::Child) {
+    let port = free_port();
+    let mut cmd = if wrap {
+        let mut c = Command::new(CRITIO);
+        c.args([
+            "run",
+            "--preset",
+            "redis",
+            "--explain",
+            "--stats",
+            "--",
+            "redis-server",
+        ]);
+        c
+    } else {
+        Command::new("redis-server")
+    };
+    let child = cmd
+        .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+        .arg("--dir")
+        .arg(dir)
+        .args([
+            "--appendonly",
+            "yes",
+            "--appendfsync",
+            "always",
+            "--save",
+            "",
+        ])
+        .args(["--daemonize", "no", "--logfile", "redis.log"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for("redis-server to answer", || cli(port, &["PING"]) == "PONG");
+    (port, child)
+}
+
+fn wait_idle(port: u16) {
+    wait_for("BGSAVE and BGREWRITEAOF to finish", || {
+        let info = cli(port, &["INFO", "persistence"]);
+        info.contains("rdb_bgsave_in_progress:0") && info.contains("aof_rewrite_in_progress:0")
+    });
+}
+
+#[test]
+fn redis_under_critio_run_snapshots_and_rewrites_into_files_stock_redis_loads() {
+    for tool in ["redis-server", "redis-cli", "redis-benchmark"] {
+        if Command::new(tool).arg("--version").output().is_err() {
+            eprintln!("skipped: {tool} is not installed (Debian: redis-server, redis-tools)");
+            return;
+        }
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (port, child) = redis(dir.path(), true);
+    let load = Command::new("redis-benchmark")
+        .args([
+            "-p",
+            &port.to_string(),
+            "-t",
+            "set",
+            "-n",
+            "50000",
+            "-r",
+            "20000",
+        ])
+        .args(["-d", "1024", "-P", "16", "-q"])
+        .output()
+        .unwrap();
+    assert!(load.status.success());
+    assert_eq!(cli(port, &["BGSAVE"]), "Background saving started");
+    wait_idle(port);
+    assert_eq!(
+        cli(port, &["BGREWRITEAOF"]),
+        "Background append only file rewriting started"
+    );
+    wait_idle(port);
+    let info = cli(port, &["INFO", "persistence"]);
+    assert!(info.contains("rdb_last_bgsave_status:ok"), "{info}");
+    assert!(info.contains("aof_last_bgrewrite_status:ok"), "{info}");
+    cli(port, &["SET", "after-rewrite", "1"]);
+    let keys = cli(port, &["DBSIZE"]);
+    let digest = cli(port, &["DEBUG", "DIGEST"]);
+    assert!(keys.parse::<u64>().unwrap() > 10_000, "{keys}");
+    cli(port, &["SHUTDOWN", "NOSAVE"]);
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("redis-aof-rewrite") || err.contains("redis-rdb-bgsave"),
+        "{err}"
+    );
+    assert!(err.contains("foreground  main"), "{err}");
+
+    // Stock Redis loads what Redis under critio run wrote: the same data.
+    let (port, mut stock) = redis(dir.path(), false);
+    wait_for("the AOF to load", || cli(port, &["DBSIZE"]) == keys);
+    assert_eq!(cli(port, &["DEBUG", "DIGEST"]), digest);
+    cli(port, &["SHUTDOWN", "NOSAVE"]);
+    let _ = stock.wait();
+    // And the snapshot loads too.
+    assert!(dir.path().join("dump.rdb").exists());
+}

@@ -1,0 +1,577 @@
+//! The control block `critio run` shares with `critio-preload`, the
+//! library it preloads into every process of the command's tree.
+//!
+//! ```text
+//!   critio run (parent)                         every process of the tree (LD_PRELOAD)
+//!   ─────────────────────                       ───────────────────────────────────────
+//!   writes the rules, root pid ──┐          ┌── classifies each thread (rules below),
+//!   controller, every window:    │  shared  │   records it in `threads`
+//!     reads fg latency window ───┤  memory  ├── foreground: adds its I/O and sync latencies
+//!     sets `rate_bytes_per_sec` ─┤ (a file  ├── background: paces its writes by the rate,
+//!   prints stats / explain  <────┘ /dev/shm)└── hands them to writeback in `chunk_bytes`
+//! ```
+//!
+//! Everything in [`Control`] is an atomic or is written once by the parent
+//! before the command starts, so any process may map it and read or update
+//! it without locks. The layout is `repr(C)` and versioned: a library that
+//! finds another magic or version leaves every call alone.
+//!
+//! Classification ([`classify`]): the rules are tried in order and the first
+//! that matches decides; a thread no rule matches is background.
+//!
+//! | rule            | matches                                                   |
+//! |-----------------|-----------------------------------------------------------|
+//! | `main`          | the main thread of the launched process                   |
+//! | `title=GLOB`    | every thread of a process whose title (`/proc/PID/cmdline`, arguments joined by spaces) matches |
+//! | `thread=GLOB`   | a thread whose name (`comm`, 15 bytes) matches            |
+//!
+//! A glob has `*` (any run of bytes) and `?` (one byte).
+
+use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering};
+
+/// "critioRN": a mapped block starts with it.
+pub const MAGIC: u64 = 0x4e52_6f69_7469_7263;
+/// The layout's version.
+pub const VERSION: u32 = 1;
+/// Rules a block holds.
+pub const RULES_MAX: usize = 16;
+/// Bytes of one rule's pattern.
+pub const PATTERN_MAX: usize = 110;
+/// Threads the classification log holds (later ones are counted, not kept).
+pub const THREADS_MAX: usize = 4096;
+/// Latency histogram buckets: bucket `i` holds [2^i, 2^(i+1)) ns.
+pub const BUCKETS: usize = 40;
+/// The environment variable naming the control block's file.
+pub const ENV_CONTROL: &str = "CRITIO_RUN_CONTROL";
+
+/// A thread's class.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u32)]
+pub enum Class {
+    /// Serves requests: best kernel I/O priority, latencies measured.
+    Foreground = 1,
+    /// Everything else: idle I/O priority, writes paced.
+    Background = 2,
+}
+
+impl Class {
+    fn from_u32(v: u32) -> Option<Class> {
+        match v {
+            1 => Some(Class::Foreground),
+            2 => Some(Class::Background),
+            _ => None,
+        }
+    }
+
+    /// Its name in tables.
+    pub fn name(self) -> &'static str {
+        match self {
+            Class::Foreground => "foreground",
+            Class::Background => "background",
+        }
+    }
+}
+
+/// What a rule looks at.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum RuleKind {
+    /// The launched process's main thread.
+    Main = 1,
+    /// The process title.
+    Title = 2,
+    /// The thread name.
+    Thread = 3,
+}
+
+/// One classification rule, as stored in the block.
+#[derive(Clone, Copy, Debug)]
+#[repr(C)]
+pub struct Rule {
+    kind: u8,
+    class: u8,
+    len: u8,
+    pattern: [u8; PATTERN_MAX],
+}
+
+impl Rule {
+    const EMPTY: Rule = Rule {
+        kind: 0,
+        class: 0,
+        len: 0,
+        pattern: [0; PATTERN_MAX],
+    };
+
+    /// Parses `main`, `title=GLOB` or `thread=GLOB` for `class`.
+    pub fn parse(text: &str, class: Class) -> Result<Rule, String> {
+        let (kind, pattern) = match text.split_once('=') {
+            None if text == "main" => (RuleKind::Main, ""),
+            Some(("title", p)) => (RuleKind::Title, p),
+            Some(("thread", p)) => (RuleKind::Thread, p),
+            _ => {
+                return Err(format!(
+                    "`{text}` is not a rule: use `main`, `title=GLOB` or `thread=GLOB`"
+                ))
+            }
+        };
+        if pattern.len() > PATTERN_MAX {
+            return Err(format!(
+                "`{text}`: a pattern has at most {PATTERN_MAX} bytes"
+            ));
+        }
+        let mut r = Rule {
+            kind: kind as u8,
+            class: class as u8,
+            len: pattern.len() as u8,
+            pattern: [0; PATTERN_MAX],
+        };
+        r.pattern[..pattern.len()].copy_from_slice(pattern.as_bytes());
+        Ok(r)
+    }
+
+    /// What it looks at.
+    pub fn kind(&self) -> Option<RuleKind> {
+        match self.kind {
+            1 => Some(RuleKind::Main),
+            2 => Some(RuleKind::Title),
+            3 => Some(RuleKind::Thread),
+            _ => None,
+        }
+    }
+
+    /// The class it gives.
+    pub fn class(&self) -> Class {
+        Class::from_u32(u32::from(self.class)).unwrap_or(Class::Background)
+    }
+
+    /// Its glob.
+    pub fn pattern(&self) -> &[u8] {
+        &self.pattern[..usize::from(self.len).min(PATTERN_MAX)]
+    }
+
+    /// The rule as written on a command line.
+    pub fn describe(&self) -> String {
+        let p = String::from_utf8_lossy(self.pattern());
+        match self.kind() {
+            Some(RuleKind::Main) => "main".to_owned(),
+            Some(RuleKind::Title) => format!("title={p}"),
+            Some(RuleKind::Thread) => format!("thread={p}"),
+            None => "(empty)".to_owned(),
+        }
+    }
+}
+
+/// What a thread is, as [`classify`] sees it.
+#[derive(Clone, Copy, Debug)]
+pub struct ThreadView<'a> {
+    /// It is the launched process's main thread.
+    pub root_main: bool,
+    /// Its process's title.
+    pub title: &'a [u8],
+    /// Its name.
+    pub name: &'a [u8],
+}
+
+/// The class of a thread and the rule that decided it (None: the default,
+/// background).
+pub fn classify(rules: &[Rule], t: &ThreadView<'_>) -> (Class, Option<usize>) {
+    for (i, r) in rules.iter().enumerate() {
+        let hit = match r.kind() {
+            Some(RuleKind::Main) => t.root_main,
+            Some(RuleKind::Title) => glob(r.pattern(), t.title),
+            Some(RuleKind::Thread) => glob(r.pattern(), t.name),
+            None => false,
+        };
+        if hit {
+            return (r.class(), Some(i));
+        }
+    }
+    (Class::Background, None)
+}
+
+/// Whether `text` matches `pattern` (`*`: any run, `?`: one byte), in time
+/// linear in their lengths times a small factor (no backtracking blow-up).
+pub fn glob(pattern: &[u8], text: &[u8]) -> bool {
+    let (mut p, mut t) = (0, 0);
+    let mut star: Option<(usize, usize)> = None;
+    while t < text.len() {
+        if p < pattern.len() && (pattern[p] == b'?' || pattern[p] == text[t]) {
+            p += 1;
+            t += 1;
+        } else if p < pattern.len() && pattern[p] == b'*' {
+            star = Some((p, t));
+            p += 1;
+        } else if let Some((sp, st)) = star {
+            p = sp + 1;
+            t = st + 1;
+            star = Some((sp, st + 1));
+        } else {
+            return false;
+        }
+    }
+    pattern[p..].iter().all(|&c| c == b'*')
+}
+
+/// The kinds of I/O call whose latencies are kept.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Op {
+    /// read, pread.
+    Read = 0,
+    /// write, pwrite, writev, fwrite.
+    Write = 1,
+    /// fsync, fdatasync, sync_file_range.
+    Sync = 2,
+}
+
+/// Ops kept.
+pub const OPS: usize = 3;
+
+impl Op {
+    /// All of them, in index order.
+    pub const ALL: [Op; OPS] = [Op::Read, Op::Write, Op::Sync];
+
+    /// Its name in tables.
+    pub fn name(self) -> &'static str {
+        match self {
+            Op::Read => "read",
+            Op::Write => "write",
+            Op::Sync => "fsync",
+        }
+    }
+}
+
+/// The bucket of a latency.
+pub fn bucket(ns: u64) -> usize {
+    (63 - ns.max(1).leading_zeros() as usize).min(BUCKETS - 1)
+}
+
+/// One thread as classified, in the log `--explain` prints.
+#[repr(C)]
+pub struct ThreadRec {
+    /// Its process.
+    pub pid: AtomicI32,
+    /// Its thread id.
+    pub tid: AtomicI32,
+    /// Its class (`Class as u32`); 0 while the record is being written.
+    pub class: AtomicU32,
+    /// The deciding rule's index + 1 (0: the default).
+    pub rule: AtomicU32,
+    name: [AtomicU64; 2],
+    title: [AtomicU64; 8],
+}
+
+fn pack(words: &[AtomicU64], bytes: &[u8]) {
+    for (i, w) in words.iter().enumerate() {
+        let mut b = [0u8; 8];
+        for (j, slot) in b.iter_mut().enumerate() {
+            *slot = bytes.get(i * 8 + j).copied().unwrap_or(0);
+        }
+        w.store(u64::from_le_bytes(b), Ordering::Relaxed);
+    }
+}
+
+fn unpack(words: &[AtomicU64]) -> String {
+    let mut out = Vec::with_capacity(words.len() * 8);
+    for w in words {
+        out.extend_from_slice(&w.load(Ordering::Relaxed).to_le_bytes());
+    }
+    let end = out.iter().position(|&b| b == 0).unwrap_or(out.len());
+    String::from_utf8_lossy(&out[..end]).into_owned()
+}
+
+/// A thread's record, read back.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ThreadInfo {
+    /// Its process.
+    pub pid: i32,
+    /// Its thread id.
+    pub tid: i32,
+    /// Its class.
+    pub class: Class,
+    /// The deciding rule's index (None: the default).
+    pub rule: Option<usize>,
+    /// Its name (up to 15 bytes).
+    pub name: String,
+    /// Its process's title (up to 64 bytes).
+    pub title: String,
+}
+
+/// The block, as mapped by every process.
+#[repr(C)]
+pub struct Control {
+    /// [`MAGIC`].
+    pub magic: u64,
+    /// [`VERSION`].
+    pub version: u32,
+    /// 0: every call passes straight through.
+    pub enabled: AtomicU32,
+    /// The launched process.
+    pub root_pid: AtomicI32,
+    /// Rules in use.
+    pub n_rules: u32,
+    /// The rules, in order.
+    pub rules: [Rule; RULES_MAX],
+    /// A background writer hands its dirty data to writeback once it has
+    /// written this much (and waits for it): its most in flight.
+    pub chunk_bytes: AtomicU64,
+    /// The controller's pace for all background writes together, in
+    /// bytes/s (0: unpaced).
+    pub rate_bytes_per_sec: AtomicU64,
+    /// The shared pacing clock: when the next background byte may go
+    /// (CLOCK_MONOTONIC ns).
+    pub pace_next_ns: AtomicU64,
+    /// Foreground sync latencies since the controller last looked.
+    pub fg_sync_ns: AtomicU64,
+    /// How many.
+    pub fg_sync_count: AtomicU64,
+    /// Foreground read/write latencies since the controller last looked.
+    pub fg_io_ns: AtomicU64,
+    /// How many.
+    pub fg_io_count: AtomicU64,
+    /// Latency histograms: `[class - 1][op][bucket]`.
+    pub hist: [[[AtomicU64; BUCKETS]; OPS]; 2],
+    /// Chunks handed to writeback by background writers.
+    pub paced_chunks: AtomicU64,
+    /// Their bytes.
+    pub paced_bytes: AtomicU64,
+    /// Time background writers waited for the pace.
+    pub pace_wait_ns: AtomicU64,
+    /// Time they waited for their chunks' writeback.
+    pub writeback_wait_ns: AtomicU64,
+    /// Bytes of written data dropped from the page cache.
+    pub dropped_bytes: AtomicU64,
+    /// Controller decisions: rate cut, rate raised.
+    pub rate_cuts: AtomicU64,
+    /// See `rate_cuts`.
+    pub rate_raises: AtomicU64,
+    /// Threads classified (may exceed [`THREADS_MAX`]).
+    pub n_threads: AtomicU32,
+    /// The classification log.
+    pub threads: [ThreadRec; THREADS_MAX],
+}
+
+impl Control {
+    /// Bytes a block takes.
+    pub const SIZE: usize = std::mem::size_of::<Control>();
+
+    /// Whether a mapped block is one this code understands.
+    pub fn valid(&self) -> bool {
+        self.magic == MAGIC && self.version == VERSION
+    }
+
+    /// The rules in use.
+    pub fn rules(&self) -> &[Rule] {
+        &self.rules[..(self.n_rules as usize).min(RULES_MAX)]
+    }
+
+    /// Initializes a zeroed block: magic, rules, root pid 0 (set once the
+    /// command is spawned), disabled until [`Control::enable`].
+    pub fn init(&mut self, rules: &[Rule], chunk_bytes: u64) -> Result<(), String> {
+        if rules.len() > RULES_MAX {
+            return Err(format!("at most {RULES_MAX} rules"));
+        }
+        self.magic = MAGIC;
+        self.version = VERSION;
+        self.n_rules = rules.len() as u32;
+        self.rules = [Rule::EMPTY; RULES_MAX];
+        self.rules[..rules.len()].copy_from_slice(rules);
+        self.chunk_bytes.store(chunk_bytes, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Turns interposition on (or off: every call passes through).
+    pub fn enable(&self, on: bool) {
+        self.enabled.store(u32::from(on), Ordering::Release);
+    }
+
+    /// Whether interposition is on.
+    pub fn is_enabled(&self) -> bool {
+        self.enabled.load(Ordering::Acquire) != 0
+    }
+
+    /// Adds one latency sample.
+    pub fn record(&self, class: Class, op: Op, ns: u64) {
+        self.hist[class as usize - 1][op as usize][bucket(ns)].fetch_add(1, Ordering::Relaxed);
+        if class == Class::Foreground {
+            let (sum, count) = if op == Op::Sync {
+                (&self.fg_sync_ns, &self.fg_sync_count)
+            } else {
+                (&self.fg_io_ns, &self.fg_io_count)
+            };
+            sum.fetch_add(ns, Ordering::Relaxed);
+            count.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Logs a thread's classification (dropped past [`THREADS_MAX`]); no
+    /// allocation, so a preloaded library may call it anywhere.
+    pub fn log_thread(
+        &self,
+        pid: i32,
+        tid: i32,
+        class: Class,
+        rule: Option<usize>,
+        name: &[u8],
+        title: &[u8],
+    ) {
+        let i = self.n_threads.fetch_add(1, Ordering::Relaxed) as usize;
+        let Some(rec) = self.threads.get(i) else {
+            return;
+        };
+        rec.pid.store(pid, Ordering::Relaxed);
+        rec.tid.store(tid, Ordering::Relaxed);
+        rec.rule
+            .store(rule.map_or(0, |r| r as u32 + 1), Ordering::Relaxed);
+        pack(&rec.name, name);
+        pack(&rec.title, title);
+        rec.class.store(class as u32, Ordering::Release);
+    }
+
+    /// The classification log, in order.
+    pub fn threads(&self) -> Vec<ThreadInfo> {
+        let n = (self.n_threads.load(Ordering::Acquire) as usize).min(THREADS_MAX);
+        self.threads[..n]
+            .iter()
+            .filter_map(|rec| {
+                let class = Class::from_u32(rec.class.load(Ordering::Acquire))?;
+                let rule = rec.rule.load(Ordering::Relaxed);
+                Some(ThreadInfo {
+                    pid: rec.pid.load(Ordering::Relaxed),
+                    tid: rec.tid.load(Ordering::Relaxed),
+                    class,
+                    rule: rule.checked_sub(1).map(|r| r as usize),
+                    name: unpack(&rec.name),
+                    title: unpack(&rec.title),
+                })
+            })
+            .collect()
+    }
+
+    /// A histogram's counts.
+    pub fn histogram(&self, class: Class, op: Op) -> [u64; BUCKETS] {
+        let h = &self.hist[class as usize - 1][op as usize];
+        std::array::from_fn(|i| h[i].load(Ordering::Relaxed))
+    }
+}
+
+/// The latency below which `q` of a histogram's samples lie (the bucket's
+/// upper bound), in ns; None when empty.
+pub fn quantile(h: &[u64; BUCKETS], q: f64) -> Option<u64> {
+    let total: u64 = h.iter().sum();
+    if total == 0 {
+        return None;
+    }
+    let want = ((total as f64) * q).ceil().max(1.0) as u64;
+    let mut seen = 0;
+    for (i, &c) in h.iter().enumerate() {
+        seen += c;
+        if seen >= want {
+            return Some(2u64 << i);
+        }
+    }
+    Some(2u64 << (BUCKETS - 1))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn globs_match_as_documented() {
+        assert!(glob(
+            b"postgres: * * *",
+            b"postgres: bench bench [local] idle"
+        ));
+        assert!(!glob(b"postgres: * * *", b"postgres: checkpointer"));
+        assert!(glob(b"redis-rdb-*", b"redis-rdb-bgsave"));
+        assert!(glob(b"bio_?of", b"bio_aof"));
+        assert!(glob(b"*", b""));
+        assert!(!glob(b"a", b""));
+        assert!(glob(
+            b"*a*a*a*a*b",
+            &[b"a".repeat(60), b"b".to_vec()].concat()
+        ));
+        assert!(!glob(b"*a*a*a*a*b", &b"a".repeat(60)));
+    }
+
+    #[test]
+    fn the_first_matching_rule_decides_and_the_default_is_background() {
+        let rules = [
+            Rule::parse("title=postgres: autovacuum*", Class::Background).unwrap(),
+            Rule::parse("title=postgres: * * *", Class::Foreground).unwrap(),
+            Rule::parse("main", Class::Foreground).unwrap(),
+        ];
+        let view = |title: &'static str, root_main| ThreadView {
+            root_main,
+            title: title.as_bytes(),
+            name: b"postgres",
+        };
+        assert_eq!(
+            classify(&rules, &view("postgres: u db [local] idle", false)),
+            (Class::Foreground, Some(1))
+        );
+        assert_eq!(
+            classify(&rules, &view("postgres: autovacuum worker db x", false)),
+            (Class::Background, Some(0))
+        );
+        assert_eq!(
+            classify(&rules, &view("postgres: checkpointer", false)),
+            (Class::Background, None)
+        );
+        assert_eq!(
+            classify(&rules, &view("redis-server *:6379", true)),
+            (Class::Foreground, Some(2))
+        );
+        let e = Rule::parse("pid=1", Class::Foreground).unwrap_err();
+        assert!(e.contains("title=GLOB"), "{e}");
+        assert_eq!(rules[1].describe(), "title=postgres: * * *");
+    }
+
+    #[test]
+    fn a_zeroed_block_initializes_logs_and_reads_back() {
+        let mut block: Box<Control> = zeroed();
+        assert!(!block.valid());
+        let rules = [Rule::parse("main", Class::Foreground).unwrap()];
+        block.init(&rules, 1 << 20).unwrap();
+        assert!(block.valid() && !block.is_enabled());
+        block.enable(true);
+        let info = ThreadInfo {
+            pid: 7,
+            tid: 9,
+            class: Class::Background,
+            rule: None,
+            name: "bio_aof".into(),
+            title: "redis-rdb-bgsave".into(),
+        };
+        block.log_thread(
+            7,
+            9,
+            Class::Background,
+            None,
+            b"bio_aof",
+            b"redis-rdb-bgsave",
+        );
+        assert_eq!(block.threads(), vec![info]);
+        block.record(Class::Foreground, Op::Sync, 1500);
+        assert_eq!(block.histogram(Class::Foreground, Op::Sync)[10], 1);
+        assert_eq!(block.fg_sync_count.load(Ordering::Relaxed), 1);
+        assert_eq!(
+            quantile(&block.histogram(Class::Foreground, Op::Sync), 0.99),
+            Some(2048)
+        );
+        assert_eq!(quantile(&[0; BUCKETS], 0.5), None);
+    }
+
+    /// A zeroed block on the heap, as a fresh mapping gives it.
+    fn zeroed() -> Box<Control> {
+        let layout = std::alloc::Layout::new::<Control>();
+        // SAFETY: every field of Control is an integer, an atomic or an
+        // array of them, for which all-zero bytes are a valid value; the
+        // allocation has Control's layout and is owned by the Box.
+        unsafe {
+            let p = std::alloc::alloc_zeroed(layout).cast::<Control>();
+            assert!(!p.is_null());
+            Box::from_raw(p)
+        }
+    }
+}

@@ -1,0 +1,310 @@
+//! The interposed functions. Each calls the real one and returns exactly
+//! what it returned, with the same `errno`; around the call it times a
+//! foreground thread's I/O and paces a background thread's writes (see
+//! `pace.rs`). With no control block, a disabled one, or a call made from
+//! inside the library, it is the real call and nothing else.
+
+use libc::{c_int, c_void, iovec, off64_t, off_t, size_t, ssize_t, FILE};
+
+use critio_control::{Class, Control, Op};
+
+use crate::pace::Position;
+use crate::real::real_fn;
+use crate::thread::{self, Inside};
+use crate::{control, now_ns, pace, Errno};
+
+real_fn!(real_write = "write": fn(c_int, *const c_void, size_t) -> ssize_t);
+real_fn!(real_pwrite = "pwrite": fn(c_int, *const c_void, size_t, off_t) -> ssize_t);
+real_fn!(real_pwrite64 = "pwrite64": fn(c_int, *const c_void, size_t, off64_t) -> ssize_t);
+real_fn!(real_writev = "writev": fn(c_int, *const iovec, c_int) -> ssize_t);
+real_fn!(real_read = "read": fn(c_int, *mut c_void, size_t) -> ssize_t);
+real_fn!(real_pread = "pread": fn(c_int, *mut c_void, size_t, off_t) -> ssize_t);
+real_fn!(real_pread64 = "pread64": fn(c_int, *mut c_void, size_t, off64_t) -> ssize_t);
+real_fn!(real_fsync = "fsync": fn(c_int) -> c_int);
+real_fn!(real_fdatasync = "fdatasync": fn(c_int) -> c_int);
+real_fn!(real_fwrite = "fwrite": fn(*const c_void, size_t, size_t, *mut FILE) -> size_t);
+real_fn!(real_close = "close": fn(c_int) -> c_int);
+real_fn!(real_fclose = "fclose": fn(*mut FILE) -> c_int);
+
+/// A call the library looks at: the block, the thread's class, the time
+/// the real call started, and the re-entrancy mark.
+struct Call {
+    c: &'static Control,
+    class: Class,
+    t0: u64,
+    _inside: Inside,
+}
+
+/// Starts looking at a call on `fd` (None: pass it straight through).
+fn begin(fd: c_int) -> Option<Call> {
+    let c = control()?;
+    let inside = Inside::enter()?;
+    if !pace::is_file(fd) {
+        return None;
+    }
+    let errno = Errno::save();
+    let class = thread::class(c);
+    errno.restore();
+    Some(Call {
+        c,
+        class,
+        t0: now_ns(),
+        _inside: inside,
+    })
+}
+
+impl Call {
+    /// After the real call: a foreground call is timed; a background write
+    /// of `written` bytes (at `at`, or just before the position) is counted
+    /// and, every chunk, paced and handed to writeback (`flush` first
+    /// empties a stdio buffer).
+    fn end(self, op: Op, fd: c_int, written: Option<(u64, Position)>, flush: Option<*mut FILE>) {
+        let errno = Errno::save();
+        let took = now_ns() - self.t0;
+        self.c.record(self.class, op, took);
+        if self.class == Class::Background {
+            if let Some((n, at)) = written.filter(|w| w.0 > 0) {
+                if pace::written(fd, n, at, self.c) {
+                    if let Some(fp) = flush {
+                        // SAFETY: `fp` is the stream the program just
+                        // wrote to; fflush is not interposed.
+                        unsafe { libc::fflush(fp) };
+                    }
+                    pace::hand_off(fd, self.c);
+                }
+            }
+        }
+        errno.restore();
+    }
+}
+
+fn fail() -> ssize_t {
+    Errno(libc::ENOSYS).restore();
+    -1
+}
+
+fn bytes(r: ssize_t) -> u64 {
+    u64::try_from(r).unwrap_or(0)
+}
+
+/// # Safety
+/// As `write(2)`: `buf` is valid for `count` bytes.
+#[no_mangle]
+pub unsafe extern "C" fn write(fd: c_int, buf: *const c_void, count: size_t) -> ssize_t {
+    let Some(real) = real_write() else {
+        return fail();
+    };
+    let Some(call) = begin(fd) else {
+        return real(fd, buf, count);
+    };
+    let r = real(fd, buf, count);
+    call.end(
+        Op::Write,
+        fd,
+        Some((bytes(r), Position::BeforeCursor)),
+        None,
+    );
+    r
+}
+
+/// # Safety
+/// As `pwrite(2)`.
+#[no_mangle]
+pub unsafe extern "C" fn pwrite(
+    fd: c_int,
+    buf: *const c_void,
+    count: size_t,
+    off: off_t,
+) -> ssize_t {
+    let Some(real) = real_pwrite() else {
+        return fail();
+    };
+    let Some(call) = begin(fd) else {
+        return real(fd, buf, count, off);
+    };
+    let r = real(fd, buf, count, off);
+    call.end(
+        Op::Write,
+        fd,
+        Some((bytes(r), Position::At(off as u64))),
+        None,
+    );
+    r
+}
+
+/// # Safety
+/// As `pwrite64(2)`.
+#[no_mangle]
+pub unsafe extern "C" fn pwrite64(
+    fd: c_int,
+    buf: *const c_void,
+    count: size_t,
+    off: off64_t,
+) -> ssize_t {
+    let Some(real) = real_pwrite64() else {
+        return fail();
+    };
+    let Some(call) = begin(fd) else {
+        return real(fd, buf, count, off);
+    };
+    let r = real(fd, buf, count, off);
+    call.end(
+        Op::Write,
+        fd,
+        Some((bytes(r), Position::At(off as u64))),
+        None,
+    );
+    r
+}
+
+/// # Safety
+/// As `writev(2)`: `iov` points to `iovcnt` valid entries.
+#[no_mangle]
+pub unsafe extern "C" fn writev(fd: c_int, iov: *const iovec, iovcnt: c_int) -> ssize_t {
+    let Some(real) = real_writev() else {
+        return fail();
+    };
+    let Some(call) = begin(fd) else {
+        return real(fd, iov, iovcnt);
+    };
+    let r = real(fd, iov, iovcnt);
+    call.end(
+        Op::Write,
+        fd,
+        Some((bytes(r), Position::BeforeCursor)),
+        None,
+    );
+    r
+}
+
+/// # Safety
+/// As `fwrite(3)`: `ptr` is valid for `size * nmemb` bytes, `stream` open.
+#[no_mangle]
+pub unsafe extern "C" fn fwrite(
+    ptr: *const c_void,
+    size: size_t,
+    nmemb: size_t,
+    stream: *mut FILE,
+) -> size_t {
+    let Some(real) = real_fwrite() else {
+        Errno(libc::ENOSYS).restore();
+        return 0;
+    };
+    let Some(call) = begin(libc::fileno(stream)) else {
+        return real(ptr, size, nmemb, stream);
+    };
+    let r = real(ptr, size, nmemb, stream);
+    let fd = libc::fileno(stream);
+    call.end(
+        Op::Write,
+        fd,
+        Some(((r * size) as u64, Position::Buffered)),
+        Some(stream),
+    );
+    r
+}
+
+/// # Safety
+/// As `read(2)`: `buf` is valid for `count` bytes.
+#[no_mangle]
+pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, count: size_t) -> ssize_t {
+    let Some(real) = real_read() else {
+        return fail();
+    };
+    let Some(call) = begin(fd) else {
+        return real(fd, buf, count);
+    };
+    let r = real(fd, buf, count);
+    call.end(Op::Read, fd, None, None);
+    r
+}
+
+/// # Safety
+/// As `pread(2)`.
+#[no_mangle]
+pub unsafe extern "C" fn pread(fd: c_int, buf: *mut c_void, count: size_t, off: off_t) -> ssize_t {
+    let Some(real) = real_pread() else {
+        return fail();
+    };
+    let Some(call) = begin(fd) else {
+        return real(fd, buf, count, off);
+    };
+    let r = real(fd, buf, count, off);
+    call.end(Op::Read, fd, None, None);
+    r
+}
+
+/// # Safety
+/// As `pread64(2)`.
+#[no_mangle]
+pub unsafe extern "C" fn pread64(
+    fd: c_int,
+    buf: *mut c_void,
+    count: size_t,
+    off: off64_t,
+) -> ssize_t {
+    let Some(real) = real_pread64() else {
+        return fail();
+    };
+    let Some(call) = begin(fd) else {
+        return real(fd, buf, count, off);
+    };
+    let r = real(fd, buf, count, off);
+    call.end(Op::Read, fd, None, None);
+    r
+}
+
+/// # Safety
+/// As `fsync(2)`.
+#[no_mangle]
+pub unsafe extern "C" fn fsync(fd: c_int) -> c_int {
+    let Some(real) = real_fsync() else {
+        return fail() as c_int;
+    };
+    let Some(call) = begin(fd) else {
+        return real(fd);
+    };
+    let r = real(fd);
+    call.end(Op::Sync, fd, None, None);
+    r
+}
+
+/// # Safety
+/// As `fdatasync(2)`.
+#[no_mangle]
+pub unsafe extern "C" fn fdatasync(fd: c_int) -> c_int {
+    let Some(real) = real_fdatasync() else {
+        return fail() as c_int;
+    };
+    let Some(call) = begin(fd) else {
+        return real(fd);
+    };
+    let r = real(fd);
+    call.end(Op::Sync, fd, None, None);
+    r
+}
+
+/// # Safety
+/// As `close(2)`.
+#[no_mangle]
+pub unsafe extern "C" fn close(fd: c_int) -> c_int {
+    let Some(real) = real_close() else {
+        return fail() as c_int;
+    };
+    pace::closed(fd);
+    real(fd)
+}
+
+/// # Safety
+/// As `fclose(3)`: `stream` is an open stream.
+#[no_mangle]
+pub unsafe extern "C" fn fclose(stream: *mut FILE) -> c_int {
+    let Some(real) = real_fclose() else {
+        Errno(libc::ENOSYS).restore();
+        return libc::EOF;
+    };
+    if !stream.is_null() {
+        pace::closed(libc::fileno(stream));
+    }
+    real(stream)
+}

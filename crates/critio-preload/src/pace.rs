@@ -1,0 +1,218 @@
+//! Background writes, paced and handed to writeback by their writer.
+//!
+//! A background thread's writes are counted per file descriptor. Each time
+//! one descriptor has `chunk_bytes` written, the writer
+//! 1. waits for its turn on the shared pacing clock (`rate_bytes_per_sec`,
+//!    set by the controller in `critio run`; every background writer of
+//!    the tree shares it; one wait is at most [`PACE_WAIT_MAX_NS`]),
+//! 2. writes the range back itself and waits for it (`sync_file_range`
+//!    with WAIT_BEFORE | WRITE | WAIT_AFTER): the I/O carries the writer's
+//!    idle priority, at most one chunk per writer is in flight, and no
+//!    foreground `fsync` later finds these pages dirty,
+//! 3. drops the range from the page cache (`POSIX_FADV_DONTNEED`) if it
+//!    was appended (it reaches the file's end): a dump or log rewrite is
+//!    not read again; data written in place may be, and stays cached.
+
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+
+use critio_control::{Class, Control, Op};
+
+use crate::now_ns;
+
+/// The longest one pacing wait may be: background progress is never
+/// stopped for longer, whatever the rate.
+pub const PACE_WAIT_MAX_NS: u64 = 1_000_000_000;
+
+/// Descriptors tracked (writes to higher ones are not paced).
+const FDS: usize = 16384;
+
+struct FdState {
+    /// 0: not known yet, 1: a regular file, 2: anything else.
+    kind: AtomicU8,
+    pending: AtomicU64,
+    lo: AtomicU64,
+    hi: AtomicU64,
+}
+
+#[allow(clippy::declare_interior_mutable_const)]
+const FD_INIT: FdState = FdState {
+    kind: AtomicU8::new(0),
+    pending: AtomicU64::new(0),
+    lo: AtomicU64::new(u64::MAX),
+    hi: AtomicU64::new(0),
+};
+
+static STATE: [FdState; FDS] = [FD_INIT; FDS];
+
+fn slot(fd: libc::c_int) -> Option<&'static FdState> {
+    STATE.get(usize::try_from(fd).ok()?)
+}
+
+/// Whether `fd` is a regular file (the only I/O the library times or
+/// paces: sockets and pipes block for reasons that are not I/O). Cached
+/// per descriptor until it is closed.
+pub fn is_file(fd: libc::c_int) -> bool {
+    let stat = || {
+        // SAFETY: `st` is a valid out-pointer; fstat is not interposed.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        let ok = unsafe { libc::fstat(fd, &mut st) } == 0;
+        ok && st.st_mode & libc::S_IFMT == libc::S_IFREG
+    };
+    let Some(s) = slot(fd) else {
+        return stat();
+    };
+    match s.kind.load(Ordering::Relaxed) {
+        1 => true,
+        2 => false,
+        _ => {
+            let file = stat();
+            s.kind.store(if file { 1 } else { 2 }, Ordering::Relaxed);
+            file
+        }
+    }
+}
+
+/// `fd` is being closed: forget what was known about it.
+pub fn closed(fd: libc::c_int) {
+    if let Some(s) = slot(fd) {
+        s.kind.store(0, Ordering::Relaxed);
+        s.pending.store(0, Ordering::Relaxed);
+        s.lo.store(u64::MAX, Ordering::Relaxed);
+        s.hi.store(0, Ordering::Relaxed);
+    }
+}
+
+/// Where a write landed.
+#[derive(Clone, Copy, Debug)]
+pub enum Position {
+    /// At this offset (pwrite).
+    At(u64),
+    /// Just before the descriptor's position (write, writev).
+    BeforeCursor,
+    /// In a stdio buffer: where it lands is known once flushed, and the
+    /// chunk is then taken to end at the position (a stream appends).
+    Buffered,
+}
+
+/// The descriptor's position.
+fn cursor(fd: libc::c_int) -> Option<u64> {
+    // SAFETY: lseek is not interposed; SEEK_CUR by 0 only reads it.
+    u64::try_from(unsafe { libc::lseek(fd, 0, libc::SEEK_CUR) }).ok()
+}
+
+/// `n` bytes were written to `fd` by a background thread, at `at`.
+/// Returns whether a chunk is due (call [`hand_off`]).
+pub fn written(fd: libc::c_int, n: u64, at: Position, c: &Control) -> bool {
+    let Some(s) = slot(fd) else {
+        return false;
+    };
+    let start = match at {
+        Position::At(off) => Some(off),
+        Position::BeforeCursor => cursor(fd).and_then(|pos| pos.checked_sub(n)),
+        Position::Buffered => None,
+    };
+    if let Some(start) = start {
+        s.lo.fetch_min(start, Ordering::Relaxed);
+        s.hi.fetch_max(start + n, Ordering::Relaxed);
+    }
+    let pending = s.pending.fetch_add(n, Ordering::Relaxed) + n;
+    pending >= c.chunk_bytes.load(Ordering::Relaxed).max(1)
+}
+
+/// Paces, writes back and (if appended) drops what `fd` has pending.
+pub fn hand_off(fd: libc::c_int, c: &Control) {
+    let Some(s) = slot(fd) else {
+        return;
+    };
+    let bytes = s.pending.swap(0, Ordering::Relaxed);
+    let (mut lo, mut hi) = (
+        s.lo.swap(u64::MAX, Ordering::Relaxed),
+        s.hi.swap(0, Ordering::Relaxed),
+    );
+    if bytes == 0 || !is_file(fd) {
+        return;
+    }
+    if lo >= hi {
+        // Buffered writes: the chunk ends at the (flushed) position.
+        if let Some(pos) = cursor(fd) {
+            (lo, hi) = (pos.saturating_sub(bytes), pos);
+        }
+    }
+    wait_turn(bytes, c);
+    let (off, len) = if lo < hi { (lo, hi - lo) } else { (0, 0) };
+    let t0 = now_ns();
+    // SAFETY: sync_file_range takes integers; it is not interposed.
+    let r = unsafe {
+        libc::sync_file_range(
+            fd,
+            off as libc::off64_t,
+            len as libc::off64_t,
+            libc::SYNC_FILE_RANGE_WAIT_BEFORE
+                | libc::SYNC_FILE_RANGE_WRITE
+                | libc::SYNC_FILE_RANGE_WAIT_AFTER,
+        )
+    };
+    let took = now_ns() - t0;
+    if r != 0 {
+        return;
+    }
+    c.writeback_wait_ns.fetch_add(took, Ordering::Relaxed);
+    c.record(Class::Background, Op::Sync, took);
+    c.paced_chunks.fetch_add(1, Ordering::Relaxed);
+    c.paced_bytes.fetch_add(bytes, Ordering::Relaxed);
+    // SAFETY: `st` is a valid out-pointer; fstat is not interposed.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    let ok = unsafe { libc::fstat(fd, &mut st) } == 0;
+    let size = if ok { st.st_size as u64 } else { u64::MAX };
+    let appended = len > 0 && hi >= size;
+    if appended {
+        // SAFETY: posix_fadvise takes integers; it is not interposed.
+        let r = unsafe {
+            libc::posix_fadvise(
+                fd,
+                off as libc::off_t,
+                len as libc::off_t,
+                libc::POSIX_FADV_DONTNEED,
+            )
+        };
+        if r == 0 {
+            c.dropped_bytes.fetch_add(len, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Takes `bytes` of the shared pace: waits until the pacing clock reaches
+/// this writer's turn (at most [`PACE_WAIT_MAX_NS`]).
+fn wait_turn(bytes: u64, c: &Control) {
+    let rate = c.rate_bytes_per_sec.load(Ordering::Relaxed);
+    if rate == 0 {
+        return;
+    }
+    let cost = (u128::from(bytes) * 1_000_000_000 / u128::from(rate)) as u64;
+    let now = now_ns();
+    let mut next = c.pace_next_ns.load(Ordering::Relaxed);
+    let start = loop {
+        let start = next.max(now);
+        match c.pace_next_ns.compare_exchange_weak(
+            next,
+            start + cost,
+            Ordering::Relaxed,
+            Ordering::Relaxed,
+        ) {
+            Ok(_) => break start,
+            Err(seen) => next = seen,
+        }
+    };
+    let wait = (start - now).min(PACE_WAIT_MAX_NS);
+    if wait == 0 {
+        return;
+    }
+    let ts = libc::timespec {
+        tv_sec: (wait / 1_000_000_000) as libc::time_t,
+        tv_nsec: (wait % 1_000_000_000) as libc::c_long,
+    };
+    // SAFETY: nanosleep reads `ts`; a signal ending it early only shortens
+    // the wait. It is not interposed.
+    unsafe { libc::nanosleep(&ts, std::ptr::null_mut()) };
+    c.pace_wait_ns.fetch_add(wait, Ordering::Relaxed);
+}

@@ -1,0 +1,124 @@
+//! The calling thread's class: decided by the control block's rules from
+//! its process title, its name and whether it is the launched process's
+//! main thread; cached per thread, re-checked every [`RECHECK_NS`] (a
+//! program may retitle itself after a fork, as PostgreSQL's backends do)
+//! and after a fork. A change is applied as the thread's kernel I/O
+//! priority and logged in the block for `critio run --explain`.
+
+use std::cell::Cell;
+use std::sync::atomic::Ordering;
+
+use critio_control::{classify, Class, Control, ThreadView};
+
+use crate::{now_ns, FORK_GEN};
+
+/// How long a thread's class is trusted before it is re-checked.
+pub const RECHECK_NS: u64 = 250_000_000;
+
+const IOPRIO_CLASS_SHIFT: u32 = 13;
+const IOPRIO_CLASS_BE: u32 = 2;
+const IOPRIO_CLASS_IDLE: u32 = 3;
+const IOPRIO_WHO_PROCESS: libc::c_int = 1;
+
+thread_local! {
+    static CLASS: Cell<u32> = const { Cell::new(0) };
+    static GEN: Cell<u64> = const { Cell::new(u64::MAX) };
+    static CHECKED: Cell<u64> = const { Cell::new(0) };
+    static IN_LIBRARY: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Marks the thread as inside the library until dropped; None if it
+/// already is (a call the library itself made: pass it through).
+pub struct Inside(());
+
+impl Inside {
+    pub fn enter() -> Option<Inside> {
+        IN_LIBRARY.with(|f| (!f.replace(true)).then_some(Inside(())))
+    }
+}
+
+impl Drop for Inside {
+    fn drop(&mut self) {
+        IN_LIBRARY.with(|f| f.set(false));
+    }
+}
+
+/// The calling thread's class, (re)deciding it when due.
+pub fn class(c: &Control) -> Class {
+    let gen = FORK_GEN.load(Ordering::Relaxed);
+    let now = now_ns();
+    let cached = CLASS.with(Cell::get);
+    if cached != 0
+        && GEN.with(Cell::get) == gen
+        && now.saturating_sub(CHECKED.with(Cell::get)) < RECHECK_NS
+    {
+        return if cached == Class::Foreground as u32 {
+            Class::Foreground
+        } else {
+            Class::Background
+        };
+    }
+    let decided = decide(c, cached);
+    CLASS.with(|v| v.set(decided as u32));
+    GEN.with(|v| v.set(gen));
+    CHECKED.with(|v| v.set(now));
+    decided
+}
+
+fn decide(c: &Control, before: u32) -> Class {
+    // SAFETY: getpid/gettid have no preconditions.
+    let (pid, tid) = unsafe { (libc::getpid(), libc::gettid()) };
+    let mut title = [0u8; 256];
+    let title = read_title(&mut title);
+    let mut name = [0u8; 16];
+    // SAFETY: PR_GET_NAME writes at most 16 bytes into `name`.
+    unsafe { libc::prctl(libc::PR_GET_NAME, name.as_mut_ptr()) };
+    let name_len = name.iter().position(|&b| b == 0).unwrap_or(16);
+    let view = ThreadView {
+        root_main: pid == tid && pid == c.root_pid.load(Ordering::Relaxed),
+        title,
+        name: &name[..name_len],
+    };
+    let (class, rule) = classify(c.rules(), &view);
+    if class as u32 != before {
+        let prio = match class {
+            Class::Foreground => IOPRIO_CLASS_BE << IOPRIO_CLASS_SHIFT,
+            Class::Background => IOPRIO_CLASS_IDLE << IOPRIO_CLASS_SHIFT,
+        };
+        // SAFETY: ioprio_set takes three integers; it changes only the
+        // calling thread's I/O priority.
+        unsafe { libc::syscall(libc::SYS_ioprio_set, IOPRIO_WHO_PROCESS, tid, prio) };
+        c.log_thread(pid, tid, class, rule, view.name, title);
+    }
+    class
+}
+
+/// The process title (`/proc/self/cmdline`, NULs as spaces, trailing
+/// spaces trimmed), read with raw system calls.
+fn read_title(buf: &mut [u8; 256]) -> &[u8] {
+    // SAFETY: the path is NUL-terminated; open and close are not
+    // interposed; SYS_read writes at most `buf.len()` bytes into `buf`.
+    let n = unsafe {
+        let fd = libc::open(
+            c"/proc/self/cmdline".as_ptr(),
+            libc::O_RDONLY | libc::O_CLOEXEC,
+        );
+        if fd < 0 {
+            return &[];
+        }
+        let n = libc::syscall(libc::SYS_read, fd, buf.as_mut_ptr(), buf.len());
+        libc::syscall(libc::SYS_close, fd);
+        n
+    };
+    let n = usize::try_from(n).unwrap_or(0).min(buf.len());
+    for b in &mut buf[..n] {
+        if *b == 0 {
+            *b = b' ';
+        }
+    }
+    let end = buf[..n]
+        .iter()
+        .rposition(|&b| b != b' ')
+        .map_or(0, |i| i + 1);
+    &buf[..end]
+}
