@@ -7,6 +7,7 @@
 //!      │ spawn COMMAND with LD_PRELOAD=libcritio_preload.so, CRITIO_RUN_CONTROL=block
 //!      │ (inherited by every child process and exec)
 //!      v
+//!  (background threads: idle I/O class, CPU nice 10; foreground: best-effort 0)
 //!  controller thread, every window_ms:
 //!      mean foreground fsync latency of the window (from the block)
 //!      above target_ratio x its clean baseline  -> background rate halved (not below min_rate)
@@ -130,6 +131,8 @@ pub struct RunConfig {
     /// A window whose mean foreground fsync latency exceeds this times the
     /// baseline halves the rate. Default 2.0.
     pub target_ratio: f64,
+    /// CPU nice value of background threads (0: leave it). Default 10.
+    pub background_nice: i32,
 }
 
 impl Default for RunConfig {
@@ -144,6 +147,7 @@ impl Default for RunConfig {
             step_mib: 8.0,
             window_ms: 100,
             target_ratio: 2.0,
+            background_nice: 10,
         }
     }
 }
@@ -165,6 +169,12 @@ impl RunConfig {
         if self.target_ratio.is_nan() || self.target_ratio < 1.0 || self.step_mib < 0.0 {
             return Err("target_ratio must be >= 1.0 and step_mib >= 0".into());
         }
+        if !(0..=19).contains(&self.background_nice) {
+            return Err(format!(
+                "background_nice = {} must be within 0..=19",
+                self.background_nice
+            ));
+        }
         Ok(())
     }
 }
@@ -184,7 +194,7 @@ unsafe impl Send for Block {}
 unsafe impl Sync for Block {}
 
 impl Block {
-    fn create(rules: &[Rule], chunk_bytes: u64) -> Result<Block, String> {
+    fn create(rules: &[Rule], chunk_bytes: u64, background_nice: i32) -> Result<Block, String> {
         let dir = Path::new("/dev/shm");
         let dir = if dir.is_dir() {
             dir.to_path_buf()
@@ -225,7 +235,7 @@ impl Block {
         // SAFETY: the mapping is page-aligned, Control::SIZE bytes, zeroed
         // (valid for every field), and no other process has it yet, so this
         // is the only reference.
-        unsafe { (*ptr).init(rules, chunk_bytes)? };
+        unsafe { (*ptr).init(rules, chunk_bytes, background_nice)? };
         Ok(block)
     }
 
@@ -299,7 +309,11 @@ fn rules_and_config(args: &RunArgs) -> Result<(Vec<Rule>, RunConfig), String> {
 /// Runs the command; its exit code is critio run's.
 pub fn run(args: RunArgs) -> Result<ExitCode, String> {
     let (rules, cfg) = rules_and_config(&args)?;
-    let block = Arc::new(Block::create(&rules, cfg.chunk_kib * 1024)?);
+    let block = Arc::new(Block::create(
+        &rules,
+        cfg.chunk_kib * 1024,
+        cfg.background_nice,
+    )?);
     let c = block.control();
     c.rate_bytes_per_sec.store(
         if args.no_pace {
@@ -377,7 +391,8 @@ pub fn run(args: RunArgs) -> Result<ExitCode, String> {
 
 /// The background rate's controller: AIMD on the foreground's mean fsync
 /// latency against its clean baseline (the lowest window mean seen,
-/// drifting up 1% per window so a device that got slower is re-learnt).
+/// drifting up 0.1% per window, about 1% a second at the default window,
+/// so a device that got slower for good is re-learnt).
 #[derive(Debug)]
 struct Controller {
     cfg: RunConfig,
@@ -415,7 +430,7 @@ impl Controller {
             false
         } else {
             let mean = sum as f64 / n as f64;
-            let base = self.baseline.map_or(mean, |b| (b * 1.01).min(mean));
+            let base = self.baseline.map_or(mean, |b| (b * 1.001).min(mean));
             self.baseline = Some(base);
             mean > self.cfg.target_ratio * base
         };

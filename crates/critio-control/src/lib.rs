@@ -309,6 +309,10 @@ pub struct Control {
     pub root_pid: AtomicI32,
     /// Rules in use.
     pub n_rules: u32,
+    /// The CPU nice value a background thread gets (0: left alone), so a
+    /// fork child serializing a snapshot does not take the CPU its
+    /// parent's requests need.
+    pub background_nice: i32,
     /// The rules, in order.
     pub rules: [Rule; RULES_MAX],
     /// A background writer hands its dirty data to writeback once it has
@@ -366,7 +370,12 @@ impl Control {
 
     /// Initializes a zeroed block: magic, rules, root pid 0 (set once the
     /// command is spawned), disabled until [`Control::enable`].
-    pub fn init(&mut self, rules: &[Rule], chunk_bytes: u64) -> Result<(), String> {
+    pub fn init(
+        &mut self,
+        rules: &[Rule],
+        chunk_bytes: u64,
+        background_nice: i32,
+    ) -> Result<(), String> {
         if rules.len() > RULES_MAX {
             return Err(format!("at most {RULES_MAX} rules"));
         }
@@ -376,6 +385,7 @@ impl Control {
         self.rules = [Rule::EMPTY; RULES_MAX];
         self.rules[..rules.len()].copy_from_slice(rules);
         self.chunk_bytes.store(chunk_bytes, Ordering::Relaxed);
+        self.background_nice = background_nice.clamp(0, 19);
         Ok(())
     }
 
@@ -532,7 +542,7 @@ mod tests {
         let mut block: Box<Control> = zeroed();
         assert!(!block.valid());
         let rules = [Rule::parse("main", Class::Foreground).unwrap()];
-        block.init(&rules, 1 << 20).unwrap();
+        block.init(&rules, 1 << 20, 10).unwrap();
         assert!(block.valid() && !block.is_enabled());
         block.enable(true);
         let info = ThreadInfo {

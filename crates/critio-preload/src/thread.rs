@@ -3,7 +3,8 @@
 //! main thread; cached per thread, re-checked every [`RECHECK_NS`] (a
 //! program may retitle itself after a fork, as PostgreSQL's backends do)
 //! and after a fork. A change is applied as the thread's kernel I/O
-//! priority and logged in the block for `critio run --explain`.
+//! priority (best-effort 0 or idle) and CPU nice value (0 or the block's
+//! `background_nice`), and logged in the block for `critio run --explain`.
 
 use std::cell::Cell;
 use std::sync::atomic::Ordering;
@@ -88,6 +89,17 @@ fn decide(c: &Control, before: u32) -> Class {
         // SAFETY: ioprio_set takes three integers; it changes only the
         // calling thread's I/O priority.
         unsafe { libc::syscall(libc::SYS_ioprio_set, IOPRIO_WHO_PROCESS, tid, prio) };
+        // The CPU too: a background thread yields to foreground ones (and
+        // a thread that turns foreground gets its nice value back).
+        let nice = match class {
+            Class::Foreground => 0,
+            Class::Background => c.background_nice,
+        };
+        if c.background_nice != 0 {
+            // SAFETY: setpriority takes integers; on Linux PRIO_PROCESS
+            // with a thread id changes that thread alone.
+            unsafe { libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, nice) };
+        }
         c.log_thread(pid, tid, class, rule, view.name, title);
     }
     class
