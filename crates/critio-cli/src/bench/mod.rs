@@ -17,6 +17,7 @@ mod lock_overhead;
 mod peers;
 mod real_device_mix;
 pub mod report;
+mod run_redis;
 
 use std::path::{Path, PathBuf};
 
@@ -136,6 +137,12 @@ pub const EXPERIMENTS: &[Experiment] = &[
         name: "kv-vs-redis",
         about: "critio-kv (file, none and rcp) vs stock Redis (appendfsync always): redis-benchmark alone and under BGSAVE/BGREWRITEAOF, two sizes (needs redis-server, redis-tools)",
         run: kv_vs_redis::run,
+        results_on: &[ResultsOn::File],
+    },
+    Experiment {
+        name: "run-redis",
+        about: "unmodified Redis (appendfsync always) alone, and under BGSAVE/BGREWRITEAOF: stock, ionice -c3 children, critio run (needs redis-server, redis-tools)",
+        run: run_redis::run,
         results_on: &[ResultsOn::File],
     },
     Experiment {

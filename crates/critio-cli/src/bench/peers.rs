@@ -105,9 +105,28 @@ impl Peer {
     /// Starts a stock redis-server in `dir` with the AOF on and fsync per
     /// write (the durability critio-kv gives), no RDB save points.
     pub fn redis(dir: &Path) -> Result<Peer, String> {
+        Self::redis_under(dir, &[], None)
+    }
+
+    /// [`Peer::redis`], launched as `WRAPPER... redis-server ARGS` (e.g.
+    /// `critio run --preset redis --`) when `wrapper` is not empty, its
+    /// standard error into `stderr` if given.
+    pub fn redis_under(
+        dir: &Path,
+        wrapper: &[std::ffi::OsString],
+        stderr: Option<&Path>,
+    ) -> Result<Peer, String> {
         fresh_dir(dir)?;
         let port = free_port()?;
-        let child = Command::new("redis-server")
+        let mut cmd = match wrapper.split_first() {
+            Some((program, args)) => {
+                let mut c = Command::new(program);
+                c.args(args).arg("redis-server");
+                c
+            }
+            None => Command::new("redis-server"),
+        };
+        let child = cmd
             .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
             .arg("--dir")
             .arg(dir)
@@ -116,7 +135,12 @@ impl Peer {
             .arg("--logfile")
             .arg(dir.join("redis.log"))
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(match stderr {
+                Some(path) => std::fs::File::create(path)
+                    .map_err(|e| format!("{}: {e}", path.display()))?
+                    .into(),
+                None => Stdio::null(),
+            })
             .spawn()
             .map_err(|e| format!("cannot run redis-server: {e}"))?;
         let addr: SocketAddr = ([127, 0, 0, 1], port).into();
@@ -183,6 +207,11 @@ impl Peer {
             banner,
             child,
         })
+    }
+
+    /// The server's process id (for a wrapped Redis: the wrapper's).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
     }
 
     /// A new connection.

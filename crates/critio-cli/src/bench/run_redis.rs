@@ -1,0 +1,358 @@
+//! `critio bench run-redis`: real, unmodified Redis (Debian's
+//! `redis-server`, `appendonly yes`, `appendfsync always`) four ways, side
+//! by side in one run, on the same file system:
+//!
+//! ```text
+//!  alone        stock redis-server, no background work
+//!  stock        stock redis-server, BGSAVE and BGREWRITEAOF back to back (each waited for)
+//!  ionice -c3   the same, its fork children put in the kernel's idle I/O class as they
+//!               appear (what a user scripts with `ionice -c3 -p CHILD`)
+//!  critio run   the same, under `critio run --preset redis`
+//!
+//!  each: fresh data directory -> preload KEYS keys of 1 KiB -> redis-benchmark -t set,
+//!        then -t get (-c 20 -r KEYS -d 1024), the background loop running throughout
+//! ```
+//!
+//! Targets (issue 14), from this one run: under `critio run`, p99.9 within
+//! 1.5x of alone and throughput at least 0.9x alone, for SET and for GET,
+//! and at least 80% as many background jobs per second as stock.
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use critio::sys::{set_thread_ioprio, IoPriority};
+use serde_json::json;
+
+use super::host;
+use super::kv_background::TestResult;
+use super::peers::{benchmark, redis_server_version, BackgroundLoop, Peer, Rounds};
+use super::report::{Goal, Report, Table, Target};
+use super::BenchArgs;
+
+const CLIENTS: u32 = 20;
+const VALUE_BYTES: usize = 1024;
+
+/// How the server runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Setup {
+    Alone,
+    Stock,
+    IoniceChildren,
+    CritioRun,
+}
+
+const SETUPS: [Setup; 4] = [
+    Setup::Alone,
+    Setup::Stock,
+    Setup::IoniceChildren,
+    Setup::CritioRun,
+];
+
+impl Setup {
+    fn name(self) -> &'static str {
+        match self {
+            Setup::Alone => "alone",
+            Setup::Stock => "stock",
+            Setup::IoniceChildren => "ionice -c3 children",
+            Setup::CritioRun => "critio run",
+        }
+    }
+
+    fn background(self) -> bool {
+        self != Setup::Alone
+    }
+}
+
+struct Size {
+    keys: u64,
+    set_requests: u64,
+    get_requests: u64,
+}
+
+fn size(quick: bool) -> Size {
+    if quick {
+        Size {
+            keys: 20_000,
+            set_requests: 5_000,
+            get_requests: 10_000,
+        }
+    } else {
+        Size {
+            keys: 1_000_000,
+            set_requests: 300_000,
+            get_requests: 1_000_000,
+        }
+    }
+}
+
+struct Run {
+    setup: Setup,
+    set: TestResult,
+    get: TestResult,
+    seconds: f64,
+    rounds: Rounds,
+    /// What `critio run --stats` printed (critio run only).
+    stats: Vec<String>,
+}
+
+impl Run {
+    fn jobs_per_s(&self) -> f64 {
+        (self.rounds.bgsaves + self.rounds.rewrites) as f64 / self.seconds.max(1e-9)
+    }
+}
+
+/// Puts every child process of `pid` in the idle I/O class as it appears,
+/// until stopped.
+struct IoniceChildren {
+    stop: Arc<AtomicBool>,
+    handle: std::thread::JoinHandle<u64>,
+}
+
+impl IoniceChildren {
+    fn start(pid: u32) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let handle = {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let mut done = std::collections::HashSet::new();
+                while !stop.load(Ordering::Relaxed) {
+                    for child in children(pid) {
+                        if done.insert(child) && set_thread_ioprio(child, IoPriority::Idle).is_err()
+                        {
+                            done.remove(&child); // gone already, or not yet visible
+                        }
+                    }
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                done.len() as u64
+            })
+        };
+        Self { stop, handle }
+    }
+
+    fn stop(self) -> u64 {
+        self.stop.store(true, Ordering::Relaxed);
+        self.handle.join().unwrap_or(0)
+    }
+}
+
+/// The child processes of `pid` (`/proc/PID/task/PID/children`).
+fn children(pid: u32) -> Vec<i32> {
+    std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+        .unwrap_or_default()
+        .split_whitespace()
+        .filter_map(|s| s.parse().ok())
+        .collect()
+}
+
+fn run_setup(setup: Setup, size: &Size, dir: &Path) -> Result<Run, String> {
+    let data = dir.join(setup.name().replace(' ', "-"));
+    let stats_path = dir.join("critio-run.stats");
+    let wrapper: Vec<OsString> = if setup == Setup::CritioRun {
+        let exe = std::env::current_exe().map_err(|e| format!("cannot find critio: {e}"))?;
+        vec![
+            exe.into(),
+            "run".into(),
+            "--preset".into(),
+            "redis".into(),
+            "--stats".into(),
+            "--".into(),
+        ]
+    } else {
+        Vec::new()
+    };
+    let peer = Peer::redis_under(&data, &wrapper, Some(&stats_path))?;
+    eprintln!("run-redis: {}: preloading {} keys", setup.name(), size.keys);
+    let pb = indicatif::ProgressBar::hidden();
+    peer.preload(size.keys, VALUE_BYTES, &pb)?;
+    eprintln!("run-redis: {}: redis-benchmark SET and GET", setup.name());
+    let bg = if setup.background() {
+        Some(BackgroundLoop::start(&peer)?)
+    } else {
+        None
+    };
+    let ionice = (setup == Setup::IoniceChildren).then(|| IoniceChildren::start(peer.pid()));
+    let started = Instant::now();
+    let bench = |test, n| benchmark(&peer, test, n, CLIENTS, size.keys, VALUE_BYTES);
+    let set = bench("set", size.set_requests);
+    let get = bench("get", size.get_requests);
+    let seconds = started.elapsed().as_secs_f64();
+    let rounds = match bg {
+        Some(bg) => bg.stop()?,
+        None => Rounds::default(),
+    };
+    if let Some(w) = ionice {
+        eprintln!(
+            "run-redis: ionice -c3: {} children put in the idle class",
+            w.stop()
+        );
+    }
+    peer.stop()?;
+    let stats = std::fs::read_to_string(&stats_path)
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.starts_with("critio run") || l.starts_with("  "))
+        .map(str::to_owned)
+        .collect();
+    let _ = std::fs::remove_file(&stats_path);
+    Ok(Run {
+        setup,
+        set: set?,
+        get: get?,
+        seconds,
+        rounds,
+        stats,
+    })
+}
+
+/// The directory the servers' data goes in: `--device file:DIR`, else
+/// `run-redis` in the results directory.
+fn work_dir(args: &BenchArgs) -> Result<PathBuf, String> {
+    let dir = match args.device.as_deref() {
+        None => args.out_dir().join("run-redis"),
+        Some(d) => match d.strip_prefix("file:") {
+            Some(path) => PathBuf::from(path),
+            None => {
+                return Err(format!(
+                    "run-redis runs on a file system: give --device file:DIR, not `{d}`"
+                ))
+            }
+        },
+    };
+    std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    std::path::absolute(&dir).map_err(|e| format!("cannot resolve {}: {e}", dir.display()))
+}
+
+/// Runs the experiment.
+pub fn run(args: &BenchArgs) -> Result<Report, String> {
+    super::kv_background::require_redis_benchmark()?;
+    let version = redis_server_version()?;
+    let dir = work_dir(args)?;
+    let machine = host::describe(&dir);
+    let size = size(args.quick);
+    eprintln!(
+        "run-redis: Redis {version} on {} ({machine}), {} keys",
+        dir.display(),
+        size.keys
+    );
+    let mut runs = Vec::new();
+    for setup in SETUPS {
+        runs.push(run_setup(setup, &size, &dir)?);
+    }
+    for line in runs.iter().flat_map(|r| &r.stats) {
+        eprintln!("run-redis: critio run: {line}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(Report {
+        experiment: "run-redis".into(),
+        description: format!(
+            "unmodified Redis {version} (appendonly yes, appendfsync always) on {} ({machine}): \
+             alone, and while BGSAVE and BGREWRITEAOF run back to back: stock, its children in \
+             ionice's idle class, and under critio run --preset redis. {} keys x {VALUE_BYTES} B; \
+             redis-benchmark -c {CLIENTS} -r {} -d {VALUE_BYTES}, SET -n {}, GET -n {}. p99.9 is \
+             redis-benchmark's first listed percentile at or above 99.9%.",
+            dir.display(),
+            size.keys,
+            size.keys,
+            size.set_requests,
+            size.get_requests
+        ),
+        tables: vec![table(&runs)],
+        targets: targets(&runs),
+    })
+}
+
+fn table(runs: &[Run]) -> Table {
+    let mut t = Table::new(
+        "Redis alone, and under BGSAVE/BGREWRITEAOF three ways (latencies in ms)",
+        &[
+            "setup",
+            "SET rps",
+            "SET p50",
+            "SET p99",
+            "SET p99.9",
+            "SET max",
+            "GET rps",
+            "GET p50",
+            "GET p99",
+            "GET p99.9",
+            "GET max",
+            "BGSAVEs",
+            "rewrites",
+            "jobs/min",
+        ],
+    );
+    for r in runs {
+        t.row(vec![
+            json!(r.setup.name()),
+            json!(r.set.rps),
+            json!(r.set.p50_ms),
+            json!(r.set.p99_ms),
+            json!(r.set.p999_ms),
+            json!(r.set.max_ms),
+            json!(r.get.rps),
+            json!(r.get.p50_ms),
+            json!(r.get.p99_ms),
+            json!(r.get.p999_ms),
+            json!(r.get.max_ms),
+            json!(r.rounds.bgsaves),
+            json!(r.rounds.rewrites),
+            json!(r.jobs_per_s() * 60.0),
+        ]);
+    }
+    t
+}
+
+fn find(runs: &[Run], setup: Setup) -> &Run {
+    runs.iter()
+        .find(|r| r.setup == setup)
+        .expect("every setup ran")
+}
+
+fn targets(runs: &[Run]) -> Vec<Target> {
+    let (alone, stock, ionice, critio) = (
+        find(runs, Setup::Alone),
+        find(runs, Setup::Stock),
+        find(runs, Setup::IoniceChildren),
+        find(runs, Setup::CritioRun),
+    );
+    let ratio = |a: f64, b: f64| a / b.max(1e-9);
+    let mut t = Vec::new();
+    for (op, c, a) in [
+        ("SET", &critio.set, &alone.set),
+        ("GET", &critio.get, &alone.get),
+    ] {
+        t.push(Target::new(
+            &format!("critio-run-{op}-p99.9-vs-alone"),
+            ratio(c.p999_ms, a.p999_ms),
+            Goal::AtMost(1.5),
+            "x",
+        ));
+        t.push(Target::new(
+            &format!("critio-run-{op}-throughput-vs-alone"),
+            ratio(c.rps, a.rps),
+            Goal::AtLeast(0.9),
+            "x",
+        ));
+    }
+    t.push(Target::new(
+        "critio-run-background-jobs-per-s-vs-stock",
+        ratio(critio.jobs_per_s(), stock.jobs_per_s()),
+        Goal::AtLeast(0.8),
+        "x",
+    ));
+    // Against what a user would do instead (informational goals: better
+    // than each).
+    for (name, other) in [("stock", stock), ("ionice", ionice)] {
+        t.push(Target::new(
+            &format!("{name}-SET-p99.9-vs-critio-run (critio run lower)"),
+            ratio(other.set.p999_ms, critio.set.p999_ms),
+            Goal::AtLeast(1.0),
+            "x",
+        ));
+    }
+    t
+}
