@@ -113,13 +113,17 @@ fn every_experiment_runs_short_and_reports() {
             }
             args.extend(["--device", file_arg.as_str()]);
         }
-        if (name == "kv-background" || name == "kv-vs-redis") && which("redis-benchmark").is_none()
-        {
+        let redis_runs = ["kv-background", "kv-vs-redis", "run-redis"];
+        if redis_runs.contains(&name.as_str()) && which("redis-benchmark").is_none() {
             eprintln!("skipped {name}: redis-benchmark is not installed");
             continue;
         }
-        let kv_dir = format!("file:{}", dir.join("kv-vs-redis").display());
-        if name == "kv-vs-redis" {
+        if name == "run-redis" && which("redis-server").is_none() {
+            eprintln!("skipped {name}: redis-server is not installed");
+            continue;
+        }
+        let kv_dir = format!("file:{}", dir.join(name.as_str()).display());
+        if name == "kv-vs-redis" || name == "run-redis" {
             args.extend(["--device", kv_dir.as_str()]);
         }
         let small = dir.join("e4-small.toml");

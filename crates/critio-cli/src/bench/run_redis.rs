@@ -245,7 +245,8 @@ pub fn run(args: &BenchArgs) -> Result<Report, String> {
     for line in runs.iter().flat_map(|r| &r.stats) {
         eprintln!("run-redis: critio run: {line}");
     }
-    let _ = std::fs::remove_dir_all(&dir);
+    // Each server removed its own data directory when it stopped; `dir`
+    // itself may be the user's (`--device file:DIR`) and stays.
     Ok(Report {
         experiment: "run-redis".into(),
         description: format!(
