@@ -49,8 +49,8 @@ pub struct RunArgs {
     background: Vec<String>,
     /// Rules for a known program: `redis` (its main thread is foreground;
     /// fork children and bio threads background) or `postgres` (backends
-    /// foreground; checkpointer, background writer, WAL writer, autovacuum
-    /// background).
+    /// and the WAL writer foreground; checkpointer, background writer,
+    /// autovacuum background).
     #[arg(long, value_name = "PROGRAM")]
     preset: Option<Preset>,
     /// A TOML file with rules and the controller's settings (see
@@ -70,6 +70,11 @@ pub struct RunArgs {
     /// Load the library but pass every call straight through.
     #[arg(long)]
     disable: bool,
+    /// Run the command as this user (and its primary group); the control
+    /// block is handed to it. For servers that refuse to run as root
+    /// (PostgreSQL).
+    #[arg(long, value_name = "USER")]
+    user: Option<String>,
     /// The command and its arguments.
     #[arg(
         required = true,
@@ -94,13 +99,15 @@ impl Preset {
     fn rules(self) -> (&'static [&'static str], &'static [&'static str]) {
         match self {
             Preset::Redis => (&[], &["main"]),
+            // The WAL writer is on the commit path (a backend waits for
+            // the WAL write lock it holds), so it is foreground too.
             Preset::Postgres => (
                 &[
                     "title=postgres: autovacuum*",
                     "title=postgres: walsender*",
                     "title=postgres: logical replication*",
                 ],
-                &["title=postgres: * * *"],
+                &["title=postgres: * * *", "title=postgres: walwriter*"],
             ),
         }
     }
@@ -254,6 +261,29 @@ impl Drop for Block {
     }
 }
 
+/// A user's uid and primary gid.
+pub fn lookup_user(name: &str) -> Result<(u32, u32), String> {
+    let cname = std::ffi::CString::new(name).map_err(|_| format!("bad user name `{name}`"))?;
+    let mut pw: libc::passwd = unsafe { std::mem::zeroed() };
+    let mut buf = vec![0 as libc::c_char; 16384];
+    let mut found: *mut libc::passwd = std::ptr::null_mut();
+    // SAFETY: every pointer is valid for the call: the NUL-terminated name,
+    // the passwd record, the scratch buffer and its length, the result slot.
+    let rc = unsafe {
+        libc::getpwnam_r(
+            cname.as_ptr(),
+            &mut pw,
+            buf.as_mut_ptr(),
+            buf.len(),
+            &mut found,
+        )
+    };
+    if rc != 0 || found.is_null() {
+        return Err(format!("no user `{name}`"));
+    }
+    Ok((pw.pw_uid, pw.pw_gid))
+}
+
 /// Writes the embedded library out (once per content) and returns its path.
 fn preload_path() -> Result<PathBuf, String> {
     let hash = PRELOAD.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
@@ -333,10 +363,18 @@ pub fn run(args: RunArgs) -> Result<ExitCode, String> {
         }
         _ => lib.into_os_string(),
     };
-    let mut child = Command::new(&args.command[0])
-        .args(&args.command[1..])
+    let mut cmd = Command::new(&args.command[0]);
+    cmd.args(&args.command[1..])
         .env("LD_PRELOAD", preload)
-        .env(ENV_CONTROL, &block.path)
+        .env(ENV_CONTROL, &block.path);
+    if let Some(user) = &args.user {
+        let (uid, gid) = lookup_user(user)?;
+        std::os::unix::fs::chown(&block.path, Some(uid), Some(gid))
+            .map_err(|e| format!("cannot hand the control block to {user}: {e}"))?;
+        std::os::unix::process::CommandExt::uid(&mut cmd, uid);
+        std::os::unix::process::CommandExt::gid(&mut cmd, gid);
+    }
+    let mut child = cmd
         .spawn()
         .map_err(|e| format!("cannot run {}: {e}", args.command[0].to_string_lossy()))?;
     c.root_pid.store(child.id() as i32, Ordering::Relaxed);

@@ -17,6 +17,7 @@ mod lock_overhead;
 mod peers;
 mod real_device_mix;
 pub mod report;
+mod run_postgres;
 mod run_redis;
 
 use std::path::{Path, PathBuf};
@@ -143,6 +144,12 @@ pub const EXPERIMENTS: &[Experiment] = &[
         name: "run-redis",
         about: "unmodified Redis (appendfsync always) alone, and under BGSAVE/BGREWRITEAOF: stock, ionice -c3 children, critio run (needs redis-server, redis-tools)",
         run: run_redis::run,
+        results_on: &[ResultsOn::File],
+    },
+    Experiment {
+        name: "run-postgres",
+        about: "unmodified PostgreSQL, pgbench TPC-B with checkpoints every 30 s: stock vs critio run (needs Debian's postgresql; runs as the postgres user)",
+        run: run_postgres::run,
         results_on: &[ResultsOn::File],
     },
     Experiment {
