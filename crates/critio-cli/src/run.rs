@@ -140,6 +140,9 @@ pub struct RunConfig {
     pub target_ratio: f64,
     /// CPU nice value of background threads (0: leave it). Default 10.
     pub background_nice: i32,
+    /// A foreground thread that waits for a `pthread_mutex` a background
+    /// thread holds boosts that thread until it has the lock. Default true.
+    pub inherit_locks: bool,
 }
 
 impl Default for RunConfig {
@@ -155,6 +158,7 @@ impl Default for RunConfig {
             window_ms: 100,
             target_ratio: 2.0,
             background_nice: 10,
+            inherit_locks: true,
         }
     }
 }
@@ -344,6 +348,11 @@ pub fn run(args: RunArgs) -> Result<ExitCode, String> {
         cfg.chunk_kib * 1024,
         cfg.background_nice,
     )?);
+    if !cfg.inherit_locks {
+        // SAFETY: no other process has the block yet (the command is not
+        // started), so this is the only access.
+        unsafe { (*block.ptr).inherit_locks = 0 };
+    }
     let c = block.control();
     c.rate_bytes_per_sec.store(
         if args.no_pace {
@@ -524,12 +533,13 @@ fn print_stats(c: &Control, ctl: &Controller) {
     let get = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
     eprintln!(
         "critio run: pacing: {} chunks, {:.1} MiB handed to writeback ({:.1} s waiting for it), \
-         {:.1} s waiting for the pace, {:.1} MiB dropped from the page cache",
+         {:.1} s waiting for the pace, {:.1} MiB dropped from the page cache; {} lock owners boosted",
         get(&c.paced_chunks),
         get(&c.paced_bytes) as f64 / MIB,
         get(&c.writeback_wait_ns) as f64 / 1e9,
         get(&c.pace_wait_ns) as f64 / 1e9,
         get(&c.dropped_bytes) as f64 / MIB,
+        get(&c.boosts),
     );
     let mean = if ctl.windows > 0 {
         ctl.rate_sum / ctl.windows as f64 / MIB

@@ -281,3 +281,64 @@ fn redis_under_critio_run_snapshots_and_rewrites_into_files_stock_redis_loads() 
     // And the snapshot loads too.
     assert!(dir.path().join("dump.rdb").exists());
 }
+
+/// Compiles `tests/run/lock.c` with the system C compiler (None: there is
+/// none).
+fn lock_program(dir: &Path) -> Option<std::path::PathBuf> {
+    let src = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/run/lock.c");
+    let exe = dir.join("lock");
+    let ok = Command::new("cc")
+        .args(["-O1", "-pthread", "-o"])
+        .arg(&exe)
+        .arg(src)
+        .status()
+        .is_ok_and(|s| s.success());
+    ok.then_some(exe)
+}
+
+#[test]
+fn a_foreground_waiter_lifts_the_pacing_of_the_background_lock_owner() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(exe) = lock_program(dir.path()) else {
+        eprintln!("skipped: no C compiler (cc) to build tests/run/lock.c");
+        return;
+    };
+    // Background writes paced at 1 MiB/s and never faster: the owner needs
+    // seconds to write 6 MiB unless the waiting main thread boosts it.
+    let waited = |inherit: bool| {
+        let cfg = dir.path().join(format!("run-{inherit}.toml"));
+        std::fs::write(
+            &cfg,
+            format!(
+                "start_rate_mib = 1.0\nmin_rate_mib = 1.0\nstep_mib = 0.0\ninherit_locks = {inherit}\n"
+            ),
+        )
+        .unwrap();
+        let o = Command::new(CRITIO)
+            .args(["run", "--preset", "redis", "--stats", "--config"])
+            .arg(&cfg)
+            .arg("--")
+            .arg(&exe)
+            .arg(dir.path().join(format!("data-{inherit}")))
+            .arg("6")
+            .output()
+            .unwrap();
+        let (out, err) = text(&o);
+        assert!(o.status.success(), "{out}\n{err}");
+        let secs: f64 = out.trim().strip_prefix("waited ").unwrap().parse().unwrap();
+        let boosts = err.contains(" 0 lock owners boosted");
+        (secs, !boosts, err)
+    };
+    let (without, boosted_without, err) = waited(false);
+    assert!(!boosted_without, "{err}");
+    assert!(
+        without >= 2.0,
+        "paced owner finished in {without} s:\n{err}"
+    );
+    let (with, boosted, err) = waited(true);
+    assert!(boosted, "no boost:\n{err}");
+    assert!(
+        with * 2.0 < without,
+        "waited {with} s with inheritance, {without} s without:\n{err}"
+    );
+}

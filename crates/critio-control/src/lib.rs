@@ -313,6 +313,9 @@ pub struct Control {
     /// fork child serializing a snapshot does not take the CPU its
     /// parent's requests need.
     pub background_nice: i32,
+    /// 1: a foreground thread waiting for a `pthread_mutex` held by a
+    /// background thread boosts it (0: off).
+    pub inherit_locks: u32,
     /// The rules, in order.
     pub rules: [Rule; RULES_MAX],
     /// A background writer hands its dirty data to writeback once it has
@@ -344,6 +347,8 @@ pub struct Control {
     pub writeback_wait_ns: AtomicU64,
     /// Bytes of written data dropped from the page cache.
     pub dropped_bytes: AtomicU64,
+    /// Background lock owners boosted by a foreground waiter.
+    pub boosts: AtomicU64,
     /// Controller decisions: rate cut, rate raised.
     pub rate_cuts: AtomicU64,
     /// See `rate_cuts`.
@@ -386,6 +391,7 @@ impl Control {
         self.rules[..rules.len()].copy_from_slice(rules);
         self.chunk_bytes.store(chunk_bytes, Ordering::Relaxed);
         self.background_nice = background_nice.clamp(0, 19);
+        self.inherit_locks = 1;
         Ok(())
     }
 

@@ -24,6 +24,10 @@ real_fn!(real_fsync = "fsync": fn(c_int) -> c_int);
 real_fn!(real_fdatasync = "fdatasync": fn(c_int) -> c_int);
 real_fn!(real_fwrite = "fwrite": fn(*const c_void, size_t, size_t, *mut FILE) -> size_t);
 real_fn!(real_close = "close": fn(c_int) -> c_int);
+real_fn!(real_prctl = "prctl": fn(c_int, libc::c_ulong, libc::c_ulong, libc::c_ulong, libc::c_ulong) -> c_int);
+real_fn!(real_setname = "pthread_setname_np": fn(libc::pthread_t, *const libc::c_char) -> c_int);
+real_fn!(real_mutex_lock = "pthread_mutex_lock": fn(*mut libc::pthread_mutex_t) -> c_int);
+real_fn!(real_mutex_trylock = "pthread_mutex_trylock": fn(*mut libc::pthread_mutex_t) -> c_int);
 real_fn!(real_fclose = "fclose": fn(*mut FILE) -> c_int);
 
 /// A call the library looks at: the block, the thread's class, the time
@@ -307,4 +311,106 @@ pub unsafe extern "C" fn fclose(stream: *mut FILE) -> c_int {
         pace::closed(libc::fileno(stream));
     }
     real(stream)
+}
+
+/// Resolves every real function now (from the library's constructor), so
+/// that no interposed call resolves one while the dynamic linker's own
+/// locks may be held.
+pub fn resolve_all() {
+    let _ = (
+        real_write(),
+        real_pwrite(),
+        real_pwrite64(),
+        real_writev(),
+        real_read(),
+    );
+    let _ = (
+        real_pread(),
+        real_pread64(),
+        real_fsync(),
+        real_fdatasync(),
+        real_fwrite(),
+    );
+    let _ = (
+        real_close(),
+        real_fclose(),
+        real_mutex_lock(),
+        real_mutex_trylock(),
+    );
+    let _ = (real_prctl(), real_setname());
+}
+
+/// # Safety
+/// As `pthread_mutex_lock(3)`: `m` is an initialized mutex.
+#[no_mangle]
+pub unsafe extern "C" fn pthread_mutex_lock(m: *mut libc::pthread_mutex_t) -> c_int {
+    let Some(real) = real_mutex_lock() else {
+        return libc::EINVAL;
+    };
+    let Some(c) = control().filter(|c| c.inherit_locks != 0) else {
+        return real(m);
+    };
+    let Some(_inside) = Inside::enter() else {
+        return real(m);
+    };
+    let errno = Errno::save();
+    let fg = thread::class(c) == Class::Foreground;
+    errno.restore();
+    if !fg {
+        return real(m);
+    }
+    if let Some(try_lock) = real_mutex_trylock() {
+        let r = try_lock(m);
+        if r != libc::EBUSY {
+            return r;
+        }
+    }
+    let boost = crate::inherit::Boost::of(crate::inherit::owner(m), libc::gettid(), c);
+    let r = real(m);
+    drop(boost);
+    r
+}
+
+fn renamed() {
+    thread::NAME_GEN.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// # Safety
+/// As `prctl(2)`. Declared with five integer arguments: on x86-64 and
+/// aarch64 a variadic caller passes them in the same registers.
+#[no_mangle]
+pub unsafe extern "C" fn prctl(
+    option: c_int,
+    a2: libc::c_ulong,
+    a3: libc::c_ulong,
+    a4: libc::c_ulong,
+    a5: libc::c_ulong,
+) -> c_int {
+    let Some(real) = real_prctl() else {
+        return fail() as c_int;
+    };
+    let r = real(option, a2, a3, a4, a5);
+    if option == libc::PR_SET_NAME && r == 0 {
+        let errno = Errno::save();
+        renamed();
+        errno.restore();
+    }
+    r
+}
+
+/// # Safety
+/// As `pthread_setname_np(3)`.
+#[no_mangle]
+pub unsafe extern "C" fn pthread_setname_np(
+    t: libc::pthread_t,
+    name: *const libc::c_char,
+) -> c_int {
+    let Some(real) = real_setname() else {
+        return libc::ENOSYS;
+    };
+    let r = real(t, name);
+    if r == 0 {
+        renamed();
+    }
+    r
 }

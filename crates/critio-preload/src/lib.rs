@@ -3,7 +3,8 @@
 //! kernel.
 //!
 //! ```text
-//!  program calls write/pwrite/writev/fwrite, read/pread, fsync/fdatasync
+//!  program calls write/pwrite/writev/fwrite, read/pread, fsync/fdatasync,
+//!  pthread_mutex_lock (a foreground waiter boosts a background owner: inherit.rs)
 //!        │
 //!        v  (this library, first in the symbol lookup order)
 //!  control block mapped and enabled? ── no ──> the real call, nothing else
@@ -33,6 +34,7 @@
 //! library passes straight through.
 
 mod hooks;
+mod inherit;
 mod pace;
 mod real;
 mod thread;
@@ -100,6 +102,7 @@ extern "C" fn init() {
             libc::munmap(p, Control::SIZE);
             return;
         }
+        hooks::resolve_all();
         CONTROL.store(c, Ordering::Release);
         libc::pthread_atfork(None, None, Some(after_fork_child));
     }

@@ -4,7 +4,8 @@
 //! one descriptor has `chunk_bytes` written, the writer
 //! 1. waits for its turn on the shared pacing clock (`rate_bytes_per_sec`,
 //!    set by the controller in `critio run`; every background writer of
-//!    the tree shares it; one wait is at most [`PACE_WAIT_MAX_NS`]),
+//!    the tree shares it; one wait is at most [`PACE_WAIT_MAX_NS`]; none
+//!    while a foreground thread waits for a lock it holds),
 //! 2. writes the range back itself and waits for it (`sync_file_range`
 //!    with WAIT_BEFORE | WRITE | WAIT_AFTER): the I/O carries the writer's
 //!    idle priority, at most one chunk per writer is in flight, and no
@@ -185,8 +186,9 @@ pub fn hand_off(fd: libc::c_int, c: &Control) {
 /// this writer's turn (at most [`PACE_WAIT_MAX_NS`]).
 fn wait_turn(bytes: u64, c: &Control) {
     let rate = c.rate_bytes_per_sec.load(Ordering::Relaxed);
-    if rate == 0 {
-        return;
+    // SAFETY: gettid has no preconditions.
+    if rate == 0 || crate::inherit::boosted(unsafe { libc::gettid() }) {
+        return; // unpaced, or a foreground thread waits for this one
     }
     let cost = (u128::from(bytes) * 1_000_000_000 / u128::from(rate)) as u64;
     let now = now_ns();

@@ -1,8 +1,8 @@
 //! The calling thread's class: decided by the control block's rules from
 //! its process title, its name and whether it is the launched process's
 //! main thread; cached per thread, re-checked every [`RECHECK_NS`] (a
-//! program may retitle itself after a fork, as PostgreSQL's backends do)
-//! and after a fork. A change is applied as the thread's kernel I/O
+//! program may retitle itself after a fork, as PostgreSQL's backends do),
+//! after a fork, and after any thread of the process is renamed. A change is applied as the thread's kernel I/O
 //! priority (best-effort 0 or idle) and CPU nice value (0 or the block's
 //! `background_nice`), and logged in the block for `critio run --explain`.
 
@@ -13,16 +13,18 @@ use critio_control::{classify, Class, Control, ThreadView};
 
 use crate::{now_ns, FORK_GEN};
 
+/// Thread renames seen in this process (`prctl(PR_SET_NAME)`,
+/// `pthread_setname_np`): a rename makes every thread re-check its class,
+/// since `thread=` rules look at names.
+pub static NAME_GEN: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
 /// How long a thread's class is trusted before it is re-checked.
 pub const RECHECK_NS: u64 = 250_000_000;
 
-const IOPRIO_CLASS_SHIFT: u32 = 13;
-const IOPRIO_CLASS_BE: u32 = 2;
-const IOPRIO_CLASS_IDLE: u32 = 3;
-const IOPRIO_WHO_PROCESS: libc::c_int = 1;
-
 thread_local! {
     static CLASS: Cell<u32> = const { Cell::new(0) };
+    /// The deciding rule's index + 1 (0: the default), logged with changes.
+    static RULE: Cell<u32> = const { Cell::new(u32::MAX) };
     static GEN: Cell<u64> = const { Cell::new(u64::MAX) };
     static CHECKED: Cell<u64> = const { Cell::new(0) };
     static IN_LIBRARY: Cell<bool> = const { Cell::new(false) };
@@ -46,7 +48,7 @@ impl Drop for Inside {
 
 /// The calling thread's class, (re)deciding it when due.
 pub fn class(c: &Control) -> Class {
-    let gen = FORK_GEN.load(Ordering::Relaxed);
+    let gen = FORK_GEN.load(Ordering::Relaxed) << 32 | NAME_GEN.load(Ordering::Relaxed);
     let now = now_ns();
     let cached = CLASS.with(Cell::get);
     if cached != 0
@@ -59,7 +61,15 @@ pub fn class(c: &Control) -> Class {
             Class::Background
         };
     }
-    let decided = decide(c, cached);
+    let forked = GEN.with(Cell::get) >> 32 != gen >> 32;
+    let before = if forked {
+        // A new process (the thread is its copy): decide and log afresh.
+        RULE.with(|r| r.set(u32::MAX));
+        0
+    } else {
+        cached
+    };
+    let decided = decide(c, before);
     CLASS.with(|v| v.set(decided as u32));
     GEN.with(|v| v.set(gen));
     CHECKED.with(|v| v.set(now));
@@ -73,7 +83,7 @@ fn decide(c: &Control, before: u32) -> Class {
     let title = read_title(&mut title);
     let mut name = [0u8; 16];
     // SAFETY: PR_GET_NAME writes at most 16 bytes into `name`.
-    unsafe { libc::prctl(libc::PR_GET_NAME, name.as_mut_ptr()) };
+    unsafe { libc::syscall(libc::SYS_prctl, libc::PR_GET_NAME, name.as_mut_ptr()) };
     let name_len = name.iter().position(|&b| b == 0).unwrap_or(16);
     let view = ThreadView {
         root_main: pid == tid && pid == c.root_pid.load(Ordering::Relaxed),
@@ -81,26 +91,18 @@ fn decide(c: &Control, before: u32) -> Class {
         name: &name[..name_len],
     };
     let (class, rule) = classify(c.rules(), &view);
-    if class as u32 != before {
-        let prio = match class {
-            Class::Foreground => IOPRIO_CLASS_BE << IOPRIO_CLASS_SHIFT,
-            Class::Background => IOPRIO_CLASS_IDLE << IOPRIO_CLASS_SHIFT,
-        };
-        // SAFETY: ioprio_set takes three integers; it changes only the
-        // calling thread's I/O priority.
-        unsafe { libc::syscall(libc::SYS_ioprio_set, IOPRIO_WHO_PROCESS, tid, prio) };
-        // The CPU too: a background thread yields to foreground ones (and
-        // a thread that turns foreground gets its nice value back).
-        let nice = match class {
-            Class::Foreground => 0,
-            Class::Background => c.background_nice,
-        };
-        if c.background_nice != 0 {
-            // SAFETY: setpriority takes integers; on Linux PRIO_PROCESS
-            // with a thread id changes that thread alone.
-            unsafe { libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, nice) };
-        }
+    let rule_tag = rule.map_or(0, |r| r as u32 + 1);
+    if RULE.with(|r| r.replace(rule_tag)) != rule_tag {
+        // Another rule decides now (also when the class stays): log it.
         c.log_thread(pid, tid, class, rule, view.name, title);
+    }
+    if class as u32 != before {
+        crate::inherit::note_class(tid, class);
+        // A thread boosted by a foreground waiter keeps its boost until
+        // the waiter has the lock.
+        if !crate::inherit::boosted(tid) {
+            crate::inherit::apply(tid, class, c);
+        }
     }
     class
 }

@@ -1,0 +1,68 @@
+/* A background thread takes a mutex and, holding it, writes MIB MiB to a
+ * file (paced by critio run); the main thread (foreground) then waits for
+ * the mutex and prints how long it waited, in seconds. */
+#define _GNU_SOURCE
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <time.h>
+#include <unistd.h>
+
+static pthread_mutex_t m = PTHREAD_MUTEX_INITIALIZER;
+static volatile int held;
+static const char *path;
+static int mib;
+
+static double now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec + t.tv_nsec / 1e9;
+}
+
+static void *writer(void *arg) {
+    static char buf[65536];
+    (void)arg;
+    prctl(PR_SET_NAME, "bg-writer");
+    memset(buf, 'x', sizeof buf);
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    if (fd < 0 || write(fd, buf, 4096) != 4096) { /* classified before the lock */
+        perror("writer");
+        exit(2);
+    }
+    pthread_mutex_lock(&m);
+    held = 1;
+    for (int i = 0; i < mib * 16; i++) {
+        if (write(fd, buf, sizeof buf) != (ssize_t)sizeof buf) {
+            perror("write");
+            exit(2);
+        }
+    }
+    pthread_mutex_unlock(&m);
+    close(fd);
+    return NULL;
+}
+
+int main(int argc, char **argv) {
+    if (argc != 3) {
+        fprintf(stderr, "usage: lock FILE MIB\n");
+        return 2;
+    }
+    path = argv[1];
+    mib = atoi(argv[2]);
+    pthread_t t;
+    pthread_create(&t, NULL, writer, NULL);
+    while (!held)
+        usleep(1000);
+    usleep(50000);
+    double t0 = now();
+    pthread_mutex_lock(&m);
+    double waited = now() - t0;
+    pthread_mutex_unlock(&m);
+    pthread_join(t, NULL);
+    unlink(path);
+    printf("waited %.3f\n", waited);
+    return 0;
+}

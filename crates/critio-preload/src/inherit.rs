@@ -1,0 +1,174 @@
+//! Priority inheritance through `pthread_mutex_lock` (paper 000, Section
+//! 4.2.1, for a program's own locks): a foreground thread that finds a
+//! mutex held by a background thread of its process makes that thread
+//! critical until it gets the lock: the owner's I/O priority becomes
+//! best-effort 0, its CPU nice 0, and its writes go unpaced. When the last
+//! such waiter has the lock, the owner is background again.
+//!
+//! The owner is read from glibc's mutex (`__data.__owner`, the third int,
+//! which glibc keeps for every mutex kind). Threads' classes are kept in a
+//! small process-wide table (`note_class`), since a waiter must know
+//! whether the owner is background. Not covered (yet): condition
+//! variables (who will signal is not recorded anywhere), read-write locks,
+//! process-shared mutexes, and chains (an owner itself waiting).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use critio_control::{Class, Control};
+
+/// Threads whose class is known (open addressing by tid).
+const CLASS_SLOTS: usize = 4096;
+static CLASSES: [AtomicU64; CLASS_SLOTS] = [const { AtomicU64::new(0) }; CLASS_SLOTS];
+
+/// Threads boosted now: (tid << 32) | waiters.
+const BOOST_SLOTS: usize = 256;
+static BOOSTS: [AtomicU64; BOOST_SLOTS] = [const { AtomicU64::new(0) }; BOOST_SLOTS];
+
+fn home(tid: i32, slots: usize) -> usize {
+    (tid as u32 as usize).wrapping_mul(0x9E37_79B9) % slots
+}
+
+/// Records `tid`'s class (called when a thread is classified).
+pub fn note_class(tid: i32, class: Class) {
+    let value = (u64::from(tid as u32) << 8) | class as u64;
+    let start = home(tid, CLASS_SLOTS);
+    for i in 0..CLASS_SLOTS {
+        let slot = &CLASSES[(start + i) % CLASS_SLOTS];
+        let cur = slot.load(Ordering::Relaxed);
+        if cur == 0 || (cur >> 8) as u32 == tid as u32 {
+            slot.store(value, Ordering::Relaxed);
+            return;
+        }
+    }
+    // Full: the thread is simply not boostable.
+}
+
+/// `tid`'s class, if recorded.
+pub fn class_of(tid: i32) -> Option<Class> {
+    let start = home(tid, CLASS_SLOTS);
+    for i in 0..CLASS_SLOTS {
+        let cur = CLASSES[(start + i) % CLASS_SLOTS].load(Ordering::Relaxed);
+        if cur == 0 {
+            return None;
+        }
+        if (cur >> 8) as u32 == tid as u32 {
+            return match cur & 0xff {
+                1 => Some(Class::Foreground),
+                2 => Some(Class::Background),
+                _ => None,
+            };
+        }
+    }
+    None
+}
+
+/// Whether `tid` is boosted now (its writes go unpaced).
+pub fn boosted(tid: i32) -> bool {
+    BOOSTS.iter().any(|s| {
+        let v = s.load(Ordering::Relaxed);
+        (v >> 32) as u32 == tid as u32 && v & 0xffff_ffff > 0
+    })
+}
+
+/// Adds a waiter to `tid`'s boost; false if the table is full.
+fn add_waiter(tid: i32) -> bool {
+    let key = u64::from(tid as u32) << 32;
+    let start = home(tid, BOOST_SLOTS);
+    for i in 0..BOOST_SLOTS {
+        let slot = &BOOSTS[(start + i) % BOOST_SLOTS];
+        let mut cur = slot.load(Ordering::Relaxed);
+        loop {
+            let (owner, n) = (cur >> 32, cur & 0xffff_ffff);
+            let mine = owner == key >> 32 && (n > 0 || cur == key);
+            if !(mine || n == 0) {
+                break; // another thread's boost: probe on
+            }
+            let next = if mine { cur + 1 } else { key | 1 };
+            match slot.compare_exchange_weak(cur, next, Ordering::AcqRel, Ordering::Relaxed) {
+                Ok(_) => return true,
+                Err(seen) => cur = seen,
+            }
+        }
+    }
+    false
+}
+
+/// Removes a waiter; returns the waiters left.
+fn remove_waiter(tid: i32) -> u64 {
+    for slot in &BOOSTS {
+        let cur = slot.load(Ordering::Relaxed);
+        if (cur >> 32) as u32 == tid as u32 && cur & 0xffff_ffff > 0 {
+            return (slot.fetch_sub(1, Ordering::AcqRel) & 0xffff_ffff) - 1;
+        }
+    }
+    0
+}
+
+/// Applies a class's kernel priorities to `tid`.
+pub fn apply(tid: i32, class: Class, c: &Control) {
+    const BE0: libc::c_long = 2 << 13;
+    const IDLE: libc::c_long = 3 << 13;
+    let (prio, nice) = match class {
+        Class::Foreground => (BE0, 0),
+        Class::Background => (IDLE, c.background_nice),
+    };
+    // SAFETY: ioprio_set and setpriority take integers and change only
+    // thread `tid`'s priorities.
+    unsafe {
+        libc::syscall(
+            libc::SYS_ioprio_set,
+            1 as libc::c_long,
+            tid as libc::c_long,
+            prio,
+        );
+        if c.background_nice != 0 {
+            libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, nice);
+        }
+    }
+}
+
+/// The owner of a glibc mutex (0: unlocked or unknown).
+///
+/// # Safety
+/// `m` points to a live, initialized `pthread_mutex_t`.
+pub unsafe fn owner(m: *mut libc::pthread_mutex_t) -> i32 {
+    // SAFETY: glibc's pthread_mutex_t begins with `int __lock; unsigned
+    // __count; int __owner;`, so the owner is the third int, 4-aligned
+    // like the mutex; it is written by other threads, so it is read as an
+    // atomic.
+    let p = m.cast::<std::sync::atomic::AtomicI32>().add(2);
+    (*p).load(Ordering::Relaxed)
+}
+
+/// A foreground waiter's boost of a background owner, undone on drop.
+pub struct Boost<'a> {
+    tid: i32,
+    c: &'a Control,
+}
+
+impl<'a> Boost<'a> {
+    /// Boosts `owner` if it is a background thread (None otherwise).
+    pub fn of(owner: i32, me: i32, c: &'a Control) -> Option<Boost<'a>> {
+        if owner <= 0 || owner == me || class_of(owner) != Some(Class::Background) {
+            return None;
+        }
+        if !add_waiter(owner) {
+            return None;
+        }
+        apply(owner, Class::Foreground, c);
+        c.boosts.fetch_add(1, Ordering::Relaxed);
+        Some(Boost { tid: owner, c })
+    }
+}
+
+impl Drop for Boost<'_> {
+    fn drop(&mut self) {
+        if remove_waiter(self.tid) == 0 && class_of(self.tid) == Some(Class::Background) {
+            apply(self.tid, Class::Background, self.c);
+            // A waiter that boosted it meanwhile keeps it foreground.
+            if boosted(self.tid) {
+                apply(self.tid, Class::Foreground, self.c);
+            }
+        }
+    }
+}
