@@ -122,8 +122,12 @@ fn every_experiment_runs_short_and_reports() {
             eprintln!("skipped {name}: redis-server is not installed");
             continue;
         }
+        if name == "run-postgres" && !Path::new("/usr/lib/postgresql").is_dir() {
+            eprintln!("skipped {name}: PostgreSQL is not installed (Debian: postgresql)");
+            continue;
+        }
         let kv_dir = format!("file:{}", dir.join(name.as_str()).display());
-        if name == "kv-vs-redis" || name == "run-redis" {
+        if ["kv-vs-redis", "run-redis", "run-postgres"].contains(&name.as_str()) {
             args.extend(["--device", kv_dir.as_str()]);
         }
         let small = dir.join("e4-small.toml");
