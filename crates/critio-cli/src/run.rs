@@ -533,7 +533,7 @@ fn print_stats(c: &Control, ctl: &Controller) {
     let get = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
     eprintln!(
         "critio run: pacing: {} chunks, {:.1} MiB handed to writeback ({:.1} s waiting for it), \
-         {:.1} s waiting for the pace, {:.1} MiB dropped from the page cache; {} lock owners boosted",
+         {:.1} s waiting for the pace, {:.1} MiB dropped from the page cache; {} lock owners boosted (or children waited for)",
         get(&c.paced_chunks),
         get(&c.paced_bytes) as f64 / MIB,
         get(&c.writeback_wait_ns) as f64 / 1e9,

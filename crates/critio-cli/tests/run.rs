@@ -342,3 +342,60 @@ fn a_foreground_waiter_lifts_the_pacing_of_the_background_lock_owner() {
         "waited {with} s with inheritance, {without} s without:\n{err}"
     );
 }
+
+#[test]
+fn a_foreground_waitpid_lifts_the_pacing_of_the_background_child() {
+    let Some(py) = python() else {
+        eprintln!("skipped: no python3");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    // The child writes 6 MiB paced at 1 MiB/s; the parent (the launched
+    // process's main thread: foreground) waits for it.
+    let script = r#"
+import os, sys, time
+pid = os.fork()
+if pid == 0:
+    fd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT, 0o600)
+    for _ in range(96):
+        os.write(fd, b"x" * 65536)
+    os.close(fd)
+    os._exit(0)
+time.sleep(0.2)  # the child has written (and been classified) by now
+t0 = time.time()
+os.waitpid(pid, 0)
+print(f"waited {time.time() - t0:.3f}")
+"#;
+    let waited = |inherit: bool| {
+        let cfg = dir.path().join(format!("w-{inherit}.toml"));
+        std::fs::write(
+            &cfg,
+            format!(
+                "start_rate_mib = 1.0\nmin_rate_mib = 1.0\nstep_mib = 0.0\ninherit_locks = {inherit}\n"
+            ),
+        )
+        .unwrap();
+        let o = Command::new(CRITIO)
+            .args(["run", "--preset", "redis", "--stats", "--config"])
+            .arg(&cfg)
+            .args(["--", py, "-c", script])
+            .arg(dir.path().join(format!("child-{inherit}")))
+            .output()
+            .unwrap();
+        let (out, err) = text(&o);
+        assert!(o.status.success(), "{out}\n{err}");
+        let secs: f64 = out.trim().strip_prefix("waited ").unwrap().parse().unwrap();
+        (secs, err)
+    };
+    let (without, err) = waited(false);
+    assert!(
+        without >= 2.0,
+        "the paced child finished in {without} s:\n{err}"
+    );
+    let (with, err) = waited(true);
+    assert!(!err.contains(" 0 lock owners boosted"), "no boost:\n{err}");
+    assert!(
+        with * 2.0 < without,
+        "waited {with} s with inheritance, {without} s without:\n{err}"
+    );
+}

@@ -41,6 +41,8 @@ pub const PATTERN_MAX: usize = 110;
 pub const THREADS_MAX: usize = 4096;
 /// Latency histogram buckets: bucket `i` holds [2^i, 2^(i+1)) ns.
 pub const BUCKETS: usize = 40;
+/// Threads that may be boosted at once.
+pub const BOOSTED_MAX: usize = 256;
 /// The environment variable naming the control block's file.
 pub const ENV_CONTROL: &str = "CRITIO_RUN_CONTROL";
 
@@ -347,8 +349,12 @@ pub struct Control {
     pub writeback_wait_ns: AtomicU64,
     /// Bytes of written data dropped from the page cache.
     pub dropped_bytes: AtomicU64,
-    /// Background lock owners boosted by a foreground waiter.
+    /// Boosts of a background thread by a foreground waiter (a lock it
+    /// holds, a child process it waits for).
     pub boosts: AtomicU64,
+    /// Threads boosted now, by any process of the tree: `(tid << 32) |
+    /// waiters` (see critio-preload's `inherit.rs`).
+    pub boosted: [AtomicU64; BOOSTED_MAX],
     /// Controller decisions: rate cut, rate raised.
     pub rate_cuts: AtomicU64,
     /// See `rate_cuts`.
@@ -441,6 +447,17 @@ impl Control {
         pack(&rec.name, name);
         pack(&rec.title, title);
         rec.class.store(class as u32, Ordering::Release);
+    }
+
+    /// The class `tid` was last logged with, if any (a scan of the log,
+    /// newest first; no allocation).
+    pub fn logged_class(&self, tid: i32) -> Option<Class> {
+        let n = (self.n_threads.load(Ordering::Acquire) as usize).min(THREADS_MAX);
+        self.threads[..n]
+            .iter()
+            .rev()
+            .find(|r| r.tid.load(Ordering::Relaxed) == tid)
+            .and_then(|r| Class::from_u32(r.class.load(Ordering::Acquire)))
     }
 
     /// The classification log, in order.
@@ -568,6 +585,8 @@ mod tests {
             b"redis-rdb-bgsave",
         );
         assert_eq!(block.threads(), vec![info]);
+        assert_eq!(block.logged_class(9), Some(Class::Background));
+        assert_eq!(block.logged_class(10), None);
         block.record(Class::Foreground, Op::Sync, 1500);
         assert_eq!(block.histogram(Class::Foreground, Op::Sync)[10], 1);
         assert_eq!(block.fg_sync_count.load(Ordering::Relaxed), 1);

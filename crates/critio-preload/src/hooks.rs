@@ -26,6 +26,7 @@ real_fn!(real_fwrite = "fwrite": fn(*const c_void, size_t, size_t, *mut FILE) ->
 real_fn!(real_close = "close": fn(c_int) -> c_int);
 real_fn!(real_prctl = "prctl": fn(c_int, libc::c_ulong, libc::c_ulong, libc::c_ulong, libc::c_ulong) -> c_int);
 real_fn!(real_setname = "pthread_setname_np": fn(libc::pthread_t, *const libc::c_char) -> c_int);
+real_fn!(real_waitpid = "waitpid": fn(libc::pid_t, *mut c_int, c_int) -> libc::pid_t);
 real_fn!(real_mutex_lock = "pthread_mutex_lock": fn(*mut libc::pthread_mutex_t) -> c_int);
 real_fn!(real_mutex_trylock = "pthread_mutex_trylock": fn(*mut libc::pthread_mutex_t) -> c_int);
 real_fn!(real_fclose = "fclose": fn(*mut FILE) -> c_int);
@@ -337,7 +338,7 @@ pub fn resolve_all() {
         real_mutex_lock(),
         real_mutex_trylock(),
     );
-    let _ = (real_prctl(), real_setname());
+    let _ = (real_prctl(), real_setname(), real_waitpid());
 }
 
 /// # Safety
@@ -367,7 +368,9 @@ pub unsafe extern "C" fn pthread_mutex_lock(m: *mut libc::pthread_mutex_t) -> c_
     }
     let boost = crate::inherit::Boost::of(crate::inherit::owner(m), libc::gettid(), c);
     let r = real(m);
+    let errno = Errno::save();
     drop(boost);
+    errno.restore();
     r
 }
 
@@ -412,5 +415,41 @@ pub unsafe extern "C" fn pthread_setname_np(
     if r == 0 {
         renamed();
     }
+    r
+}
+
+/// # Safety
+/// As `waitpid(2)`: `status` is null or valid for writing.
+#[no_mangle]
+pub unsafe extern "C" fn waitpid(
+    pid: libc::pid_t,
+    status: *mut c_int,
+    options: c_int,
+) -> libc::pid_t {
+    let Some(real) = real_waitpid() else {
+        return fail() as libc::pid_t;
+    };
+    // Only a blocking wait for one known child can pass priority on.
+    if pid <= 0 || options & libc::WNOHANG != 0 {
+        return real(pid, status, options);
+    }
+    let Some(c) = control().filter(|c| c.inherit_locks != 0) else {
+        return real(pid, status, options);
+    };
+    let Some(_inside) = Inside::enter() else {
+        return real(pid, status, options);
+    };
+    let errno = Errno::save();
+    let fg = thread::class(c) == Class::Foreground;
+    errno.restore();
+    let boost = if fg {
+        crate::inherit::Boost::of(pid, libc::gettid(), c)
+    } else {
+        None
+    };
+    let r = real(pid, status, options);
+    let errno = Errno::save();
+    drop(boost);
+    errno.restore();
     r
 }

@@ -8,9 +8,16 @@
 //! The owner is read from glibc's mutex (`__data.__owner`, the third int,
 //! which glibc keeps for every mutex kind). Threads' classes are kept in a
 //! small process-wide table (`note_class`), since a waiter must know
-//! whether the owner is background. Not covered (yet): condition
-//! variables (who will signal is not recorded anywhere), read-write locks,
-//! process-shared mutexes, and chains (an owner itself waiting).
+//! whether the owner is background.
+//!
+//! The same boost serves a foreground thread that blocks in `waitpid` for
+//! a background child process (its main thread is boosted until the wait
+//! returns); the child's class comes from the block's classification log,
+//! and the boosted set lives in the block so the child sees it.
+//!
+//! Not covered (yet): condition variables (who will signal is recorded
+//! nowhere), read-write locks, process-shared mutexes, pipes, and chains
+//! (an owner itself waiting).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -20,9 +27,9 @@ use critio_control::{Class, Control};
 const CLASS_SLOTS: usize = 4096;
 static CLASSES: [AtomicU64; CLASS_SLOTS] = [const { AtomicU64::new(0) }; CLASS_SLOTS];
 
-/// Threads boosted now: (tid << 32) | waiters.
-const BOOST_SLOTS: usize = 256;
-static BOOSTS: [AtomicU64; BOOST_SLOTS] = [const { AtomicU64::new(0) }; BOOST_SLOTS];
+/// Threads boosted now live in the control block (`Control::boosted`),
+/// so that a boost by another process (waitpid) is seen by the boosted one.
+const BOOST_SLOTS: usize = critio_control::BOOSTED_MAX;
 
 fn home(tid: i32, slots: usize) -> usize {
     (tid as u32 as usize).wrapping_mul(0x9E37_79B9) % slots
@@ -43,7 +50,13 @@ pub fn note_class(tid: i32, class: Class) {
     // Full: the thread is simply not boostable.
 }
 
-/// `tid`'s class, if recorded.
+/// `tid`'s class: from this process's table, else from the block's log
+/// (a thread of another process of the tree).
+pub fn class_of_any(tid: i32, c: &Control) -> Option<Class> {
+    class_of(tid).or_else(|| c.logged_class(tid))
+}
+
+/// `tid`'s class, if recorded by this process.
 pub fn class_of(tid: i32) -> Option<Class> {
     let start = home(tid, CLASS_SLOTS);
     for i in 0..CLASS_SLOTS {
@@ -63,19 +76,19 @@ pub fn class_of(tid: i32) -> Option<Class> {
 }
 
 /// Whether `tid` is boosted now (its writes go unpaced).
-pub fn boosted(tid: i32) -> bool {
-    BOOSTS.iter().any(|s| {
+pub fn boosted(tid: i32, c: &Control) -> bool {
+    c.boosted.iter().any(|s| {
         let v = s.load(Ordering::Relaxed);
         (v >> 32) as u32 == tid as u32 && v & 0xffff_ffff > 0
     })
 }
 
 /// Adds a waiter to `tid`'s boost; false if the table is full.
-fn add_waiter(tid: i32) -> bool {
+fn add_waiter(tid: i32, c: &Control) -> bool {
     let key = u64::from(tid as u32) << 32;
     let start = home(tid, BOOST_SLOTS);
     for i in 0..BOOST_SLOTS {
-        let slot = &BOOSTS[(start + i) % BOOST_SLOTS];
+        let slot = &c.boosted[(start + i) % BOOST_SLOTS];
         let mut cur = slot.load(Ordering::Relaxed);
         loop {
             let (owner, n) = (cur >> 32, cur & 0xffff_ffff);
@@ -94,8 +107,8 @@ fn add_waiter(tid: i32) -> bool {
 }
 
 /// Removes a waiter; returns the waiters left.
-fn remove_waiter(tid: i32) -> u64 {
-    for slot in &BOOSTS {
+fn remove_waiter(tid: i32, c: &Control) -> u64 {
+    for slot in &c.boosted {
         let cur = slot.load(Ordering::Relaxed);
         if (cur >> 32) as u32 == tid as u32 && cur & 0xffff_ffff > 0 {
             return (slot.fetch_sub(1, Ordering::AcqRel) & 0xffff_ffff) - 1;
@@ -149,10 +162,10 @@ pub struct Boost<'a> {
 impl<'a> Boost<'a> {
     /// Boosts `owner` if it is a background thread (None otherwise).
     pub fn of(owner: i32, me: i32, c: &'a Control) -> Option<Boost<'a>> {
-        if owner <= 0 || owner == me || class_of(owner) != Some(Class::Background) {
+        if owner <= 0 || owner == me || class_of_any(owner, c) != Some(Class::Background) {
             return None;
         }
-        if !add_waiter(owner) {
+        if !add_waiter(owner, c) {
             return None;
         }
         apply(owner, Class::Foreground, c);
@@ -163,10 +176,11 @@ impl<'a> Boost<'a> {
 
 impl Drop for Boost<'_> {
     fn drop(&mut self) {
-        if remove_waiter(self.tid) == 0 && class_of(self.tid) == Some(Class::Background) {
+        let bg = class_of_any(self.tid, self.c) == Some(Class::Background);
+        if remove_waiter(self.tid, self.c) == 0 && bg {
             apply(self.tid, Class::Background, self.c);
             // A waiter that boosted it meanwhile keeps it foreground.
-            if boosted(self.tid) {
+            if boosted(self.tid, self.c) {
                 apply(self.tid, Class::Foreground, self.c);
             }
         }

@@ -187,7 +187,7 @@ pub fn hand_off(fd: libc::c_int, c: &Control) {
 fn wait_turn(bytes: u64, c: &Control) {
     let rate = c.rate_bytes_per_sec.load(Ordering::Relaxed);
     // SAFETY: gettid has no preconditions.
-    if rate == 0 || crate::inherit::boosted(unsafe { libc::gettid() }) {
+    if rate == 0 || crate::inherit::boosted(unsafe { libc::gettid() }, c) {
         return; // unpaced, or a foreground thread waits for this one
     }
     let cost = (u128::from(bytes) * 1_000_000_000 / u128::from(rate)) as u64;
