@@ -46,7 +46,8 @@
 //! program, an erase or a collection for a read. With priority-aware
 //! firmware, high-priority reads and the program units that a high-priority
 //! flush waits for go before everything else, and a high-priority write
-//! waiting for room gets it before low-priority ones. Either way any
+//! waiting for room gets it before low-priority ones (and promotes the
+//! drain it waits for, like a flush). Either way any
 //! operation queued past its age limit goes first (see [`Firmware`]).
 //!
 //! Garbage collection: after every block's worth of programs on a die
@@ -269,7 +270,8 @@ struct Buffer {
     writes: VecDeque<Buffered>,
     /// Host pages wholly written by a buffered write: how many such writes.
     pages: HashMap<u64, u32>,
-    /// Units before this position serve a high-priority flush.
+    /// Units before this position serve a high-priority flush or a
+    /// high-priority write waiting for room.
     high_flush: u64,
 }
 
@@ -388,6 +390,11 @@ impl Flash {
             let len = self.buf.waiting[i].req.len;
             let fits = self.buf.used + len <= self.p.buffer_bytes || self.buf.used == 0;
             if !fits {
+                // A high-priority write waits for room: the drain that makes
+                // it goes first, as for a high-priority flush.
+                if self.buf.waiting[i].req.high_priority {
+                    self.buf.high_flush = self.buf.high_flush.max(self.buf.formed);
+                }
                 break;
             }
             let cmd = self.buf.waiting.remove(i);
