@@ -55,9 +55,12 @@ pub struct SimConfig {
     pub store: StoreKind,
     /// A volatile write cache: a completed write is durable only after a
     /// flush completes. Off: every completed write is durable. Default: on.
+    /// (This is what a power cut may lose; how long writes and flushes
+    /// take is the drive model's: the SSD's DRAM buffer is
+    /// [`SsdParams::buffer_bytes`].)
     pub write_cache: bool,
-    /// The cache's size: past it the oldest unflushed writes are destaged
-    /// (become durable). Default: 64 MiB.
+    /// The cache's size for power cuts: past it the oldest unflushed writes
+    /// are destaged (become durable). Default: 64 MiB.
     pub write_cache_bytes: u64,
     /// A power cut may tear an unflushed write (keep a prefix of its
     /// sectors). Default: false.
@@ -65,9 +68,11 @@ pub struct SimConfig {
     /// How many times faster than real time the driver runs the model
     /// (1.0 = real time; tests use 10-100 to run an HDD fast). Default: 1.0.
     pub speedup: f64,
-    /// HDD timings (used by `Profile::Hdd`). Default: 7200 rpm.
+    /// HDD timings (used by `Profile::Hdd`). Default: 7200 rpm, 16 ms full
+    /// stroke, 1 MiB read-ahead.
     pub hdd: HddParams,
-    /// SSD timings (used by `Profile::Ssd`). Default: 8 channels.
+    /// SSD timings (used by `Profile::Ssd`). Default: 8 channels x 4 dies
+    /// of Micron MT29F16G08MAAWP MLC flash behind an 8 MiB DRAM buffer.
     pub ssd: SsdParams,
 }
 

@@ -12,10 +12,13 @@
 //!
 //! Data moves at completion, under the lock, in completion order: that is
 //! what a read after a completed write sees, and the order the crash log
-//! records. A completed flush makes durable every write completed before
-//! it: every write submitted before it, and any later one the firmware
-//! finished first (a flush may cover more than the NVMe rule requires,
-//! never less). A power cut fails every outstanding command with
+//! records. A completed flush makes durable the writes it covers. On the
+//! HDD (a SATA FLUSH CACHE, a barrier) that is every write completed
+//! before it completes: every write submitted before it, and any later one
+//! the firmware finished first (more than the rule requires, never less).
+//! On the SSD (an NVMe Flush over a volatile DRAM buffer) it is exactly the
+//! writes completed before the flush was submitted: later ones may still
+//! sit in the buffer when it completes. A power cut fails every outstanding command with
 //! `PoweredOff`, undoes the unflushed writes that the seeded draw drops
 //! ([`crate::device::crash`]) and refuses commands until
 //! [`SimDevice::restart`]. Dropping the device finishes the outstanding
@@ -73,6 +76,9 @@ struct State {
 struct Pending {
     cmd: Command,
     done: Completer,
+    /// For a flush that covers only the writes completed before its
+    /// submission (the SSD's): the crash log's position then.
+    covers: Option<u64>,
 }
 
 type Delivery = (Completer, Completion);
@@ -255,7 +261,11 @@ impl Device for SimDevice {
             len: cmd.len() as u64,
             high_priority: cmd.class == Class::Critical,
         };
-        st.pending.insert(id, Pending { cmd, done });
+        let covers = match (cmd.op, self.shared.config.profile) {
+            (Op::Flush, Profile::Ssd) => st.log.as_ref().map(CrashLog::mark),
+            _ => None,
+        };
+        st.pending.insert(id, Pending { cmd, done, covers });
         st.model.submit(req, now);
         drop(st);
         self.shared.wake.notify_one();
@@ -358,16 +368,20 @@ impl Shared {
 
     /// Applies a completed command to the store.
     fn execute(&self, st: &mut State, p: Pending) -> Delivery {
-        let Pending { mut cmd, done } = p;
+        let Pending {
+            mut cmd,
+            done,
+            covers,
+        } = p;
         let offset = cmd.offset;
         let result = match cmd.op {
             Op::Read => st.store.read(offset, cmd.buf.as_mut_slice()),
             Op::Write => write(st, offset, cmd.buf.as_slice()),
-            // It covers every write completed so far: those the host saw
-            // complete before it submitted the flush, at least.
+            // A barrier covers every write completed so far: those the host
+            // saw complete before it submitted the flush, at least.
             Op::Flush => st.store.sync().map(|()| {
                 if let Some(log) = st.log.as_mut() {
-                    log.flushed(log.mark());
+                    log.flushed(covers.unwrap_or_else(|| log.mark()));
                 }
             }),
         };

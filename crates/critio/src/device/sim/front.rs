@@ -16,7 +16,7 @@
 //! | flush          | completes                                  | like                       |
 //! |----------------|--------------------------------------------|----------------------------|
 //! | `Barrier`      | when every earlier-submitted write finished | SATA FLUSH CACHE (non-queued: the queue drains first) |
-//! | `CompletedOnly`| at once, covering writes already completed  | NVMe Flush (covers commands completed before it)      |
+//! | `Drain`        | when the mechanism has made durable every write completed before it (its volatile buffer drained that far) | NVMe Flush on a drive with a volatile DRAM write buffer and no power-loss protection |
 
 use std::collections::{BTreeSet, VecDeque};
 
@@ -49,13 +49,24 @@ pub(crate) trait Mechanism {
     /// Processes the event at `next_event()`; pushes the commands it
     /// finished onto `finished`. Does not start new work.
     fn step(&mut self, finished: &mut Vec<Cmd>);
+    /// A `Drain` flush is submitted: returns the durability position it
+    /// waits for (covering every write finished so far). `high` is the
+    /// flush's priority. Only called with [`FlushKind::Drain`].
+    fn flush_begin(&mut self, _high: bool, _now: Nanos) -> u64 {
+        0
+    }
+    /// How far writes are durable: a `Drain` flush whose position is at
+    /// most this completes.
+    fn durable(&self) -> u64 {
+        u64::MAX
+    }
 }
 
 /// How a flush orders with the writes in the drive (see the module docs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum FlushKind {
     Barrier,
-    CompletedOnly,
+    Drain,
 }
 
 /// Host FIFO, slots, flush barriers, completions.
@@ -69,7 +80,8 @@ pub(crate) struct Frontend {
     inside: usize,
     /// Tickets of writes submitted and not finished.
     writes: BTreeSet<u64>,
-    /// Flushes waiting for earlier writes: (id, ticket), tickets increasing.
+    /// Flushes waiting: (id, ticket) for `Barrier` (tickets increasing),
+    /// (id, durability position) for `Drain` (positions non-decreasing).
     flushes: VecDeque<(u64, u64)>,
     ready: VecDeque<Completed>,
     scratch: Vec<Cmd>,
@@ -101,12 +113,18 @@ impl Frontend {
             match self.flush {
                 FlushKind::Barrier => {
                     self.flushes.push_back((req.id, ticket));
-                    self.release_flushes(now);
+                    self.release_flushes(mech, now);
                 }
-                FlushKind::CompletedOnly => self.ready.push_back(Completed {
-                    id: req.id,
-                    at: now,
-                }),
+                FlushKind::Drain => {
+                    let target = mech.flush_begin(req.high_priority, now);
+                    debug_assert!(
+                        self.flushes.back().is_none_or(|&(_, t)| t <= target),
+                        "durability positions went backwards"
+                    );
+                    self.flushes.push_back((req.id, target));
+                    self.release_flushes(mech, now);
+                    mech.dispatch(now);
+                }
             }
             return;
         }
@@ -170,7 +188,7 @@ impl Frontend {
             for cmd in finished.drain(..) {
                 self.finish(cmd, t);
             }
-            self.release_flushes(t);
+            self.release_flushes(mech, t);
             self.admit(mech, t);
             mech.dispatch(t);
         }
@@ -190,10 +208,15 @@ impl Frontend {
         self.ready.push_back(Completed { id: cmd.req.id, at });
     }
 
-    /// Completes the flushes whose earlier writes have all finished.
-    fn release_flushes(&mut self, now: Nanos) {
-        while let Some(&(id, ticket)) = self.flushes.front() {
-            if self.writes.first().is_some_and(|&w| w < ticket) {
+    /// Completes the flushes whose earlier writes have all finished
+    /// (`Barrier`) or are durable (`Drain`).
+    fn release_flushes(&mut self, mech: &impl Mechanism, now: Nanos) {
+        while let Some(&(id, key)) = self.flushes.front() {
+            let waits = match self.flush {
+                FlushKind::Barrier => self.writes.first().is_some_and(|&w| w < key),
+                FlushKind::Drain => mech.durable() < key,
+            };
+            if waits {
                 break;
             }
             self.flushes.pop_front();

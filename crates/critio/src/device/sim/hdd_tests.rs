@@ -1,11 +1,13 @@
-//! HDD model tests, in virtual time: calibration, the SPTF tail and what
-//! priority-aware firmware does to it, aging, determinism, flush barriers.
+//! HDD model tests, in virtual time: calibration, seek times, read-ahead,
+//! the SPTF tail and what priority-aware firmware does to it, aging,
+//! determinism, flush barriers.
 
 use super::hdd::{HddModel, HddParams};
 use super::model::{Completed, DriveModel, Firmware, Request};
 use super::testkit::{mean, ms, quantile, run, Run, Stream};
 use crate::device::Op;
-use crate::time::{Nanos, MS};
+use crate::time::{Nanos, MS, US};
+use rand::{Rng, SeedableRng};
 
 const TIB: u64 = 1 << 40;
 
@@ -28,8 +30,109 @@ fn qd1_random_4k_reads_calibrate_to_a_7200_rpm_drive() {
     let qd1 = random_reads(1, 4000).iops();
     let qd32 = random_reads(32, 20_000).iops();
     eprintln!("hdd random 4 KiB reads: QD1 {qd1:.0} IOPS, QD32 {qd32:.0} IOPS");
-    assert!((100.0..=200.0).contains(&qd1), "QD1 {qd1:.0} IOPS");
+    // A 7200 rpm desktop disk: 9 ms average seek + 4.2 ms half a turn.
+    assert!((65.0..=90.0).contains(&qd1), "QD1 {qd1:.0} IOPS");
     assert!(qd32 >= 1.5 * qd1, "QD32 {qd32:.0} vs QD1 {qd1:.0} IOPS");
+}
+
+#[test]
+fn seeks_span_one_to_sixteen_milliseconds_and_average_nine() {
+    let m = hdd(Firmware::default(), 1);
+    let full = m.seek_ns(0, TIB - 1);
+    let near = m.seek_ns(0, 2 << 20);
+    eprintln!(
+        "hdd seeks: neighbouring track {:.2} ms, full stroke {:.2} ms",
+        ms(near as f64),
+        ms(full as f64)
+    );
+    assert!((15 * MS..=18 * MS).contains(&full), "full stroke {full} ns");
+    assert!(
+        (MS..MS + MS / 10).contains(&near),
+        "track to track {near} ns"
+    );
+    let n = 20_000u64;
+    let mut rng = rand::rngs::SmallRng::seed_from_u64(3);
+    let total: u64 = (0..n)
+        .map(|_| m.seek_ns(rng.gen_range(0..TIB), rng.gen_range(0..TIB)))
+        .sum();
+    let avg = total as f64 / n as f64;
+    eprintln!("hdd average random seek: {:.2} ms", ms(avg));
+    assert!((8.5e6..=9.5e6).contains(&avg), "average seek {avg:.0} ns");
+}
+
+/// A sequential reader of 64 KiB that thinks `gap` between reads:
+/// (latencies, read-ahead hits).
+fn sequential_with_gaps(params: HddParams, gap: Nanos) -> (Vec<Nanos>, u64) {
+    let mut m = HddModel::new(TIB, params, Firmware::default(), 4);
+    let mut latencies = Vec::new();
+    let mut out = Vec::new();
+    let (mut t, len) = (0, 64 * 1024);
+    for i in 0..200u64 {
+        m.submit(Request::read(i, (1 << 30) + i * len, len), t);
+        out.clear();
+        while out.is_empty() {
+            let next = m.next_event().expect("the read is outstanding");
+            m.pop_completed(next, &mut out);
+        }
+        latencies.push(out[0].at - t);
+        t = out[0].at + gap;
+    }
+    (latencies, m.readahead_hits())
+}
+
+#[test]
+fn sequential_reads_hit_the_read_ahead_segment() {
+    let on = HddParams::default();
+    let off = HddParams {
+        readahead_bytes: 0,
+        ..on
+    };
+    let (with, hits) = sequential_with_gaps(on, 2 * MS);
+    let (without, _) = sequential_with_gaps(off, 2 * MS);
+    eprintln!(
+        "hdd sequential 64 KiB reads, 2 ms apart: mean {:.2} ms with read-ahead ({hits} hits of 200), {:.2} ms without",
+        ms(mean(&with)),
+        ms(mean(&without))
+    );
+    assert!(hits >= 195, "{hits} read-ahead hits");
+    // A hit moves 64 KiB over a 300 MB/s interface: 218 µs.
+    assert!(
+        quantile(&with, 0.5) < 300 * US,
+        "a hit took mechanical time"
+    );
+    // Without it each read waits most of a turn for its first sector.
+    assert!(mean(&without) > 10.0 * mean(&with));
+}
+
+#[test]
+fn a_write_invalidates_the_read_ahead_segment() {
+    let mut m = hdd(Firmware::default(), 6);
+    let mut out = Vec::new();
+    let mut serve = |m: &mut HddModel, req: Request, at: Nanos| {
+        m.submit(req, at);
+        out.clear();
+        while out.is_empty() {
+            let next = m.next_event().expect("outstanding");
+            m.pop_completed(next, &mut out);
+        }
+        out[0].at - at
+    };
+    let base = 1 << 30;
+    let first = serve(&mut m, Request::read(0, base, 4096), 0);
+    let t = first + 5 * MS; // 800 KB read ahead by now
+    let hit = serve(&mut m, Request::read(1, base + 64 * 1024, 4096), t);
+    assert!(hit < 100 * US, "not a hit: {hit} ns");
+    let t = t + hit + MS;
+    let w = serve(&mut m, Request::write(2, base + 128 * 1024, 4096), t);
+    let t = t + w + MS;
+    let after = serve(&mut m, Request::read(3, base + 64 * 1024, 4096), t);
+    eprintln!(
+        "hdd read-ahead: hit {:.3} ms; after an overlapping write the same read takes {:.2} ms",
+        ms(hit as f64),
+        ms(after as f64)
+    );
+    assert!(after > MS, "the segment survived the write: {after} ns");
+    assert_eq!(m.readahead_hits(), 1);
 }
 
 #[test]
@@ -84,8 +187,15 @@ fn sptf_gives_the_foreground_a_long_tail_and_priority_cuts_it() {
         ms(plain_tail as f64),
         ms(mean(&plain))
     );
-    assert!(prio_tail * 5 < plain_tail, "priority does not cut the tail");
-    assert!(prio_tail < 100 * MS, "prioritized p99.9 past 100 ms");
+    // The foreground alone keeps a 16 ms-stroke disk nearly busy, so the
+    // background gets through by aging, in trains that the foreground then
+    // waits behind: the cut is about 3.5x, and the tail stays below the
+    // aging limit.
+    assert!(prio_tail * 3 < plain_tail, "priority does not cut the tail");
+    assert!(
+        prio_tail < Firmware::default().aging_ns,
+        "prioritized p99.9 past the aging limit"
+    );
     // The foreground now takes most of the drive's time (QD1 random reads
     // gain nothing from reordering), but aging keeps the background going.
     assert!(
