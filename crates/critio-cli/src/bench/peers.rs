@@ -363,9 +363,21 @@ impl BackgroundLoop {
                         if stop.load(Ordering::SeqCst) {
                             break 'outer;
                         }
-                        redis::cmd(cmd)
-                            .query::<redis::Value>(&mut con)
-                            .map_err(|e| format!("{cmd}: {e}"))?;
+                        // A job Redis started itself (an automatic AOF
+                        // rewrite once the file has doubled) must end
+                        // first: Redis runs one child at a time.
+                        loop {
+                            match redis::cmd(cmd).query::<redis::Value>(&mut con) {
+                                Ok(_) => break,
+                                Err(e) if e.to_string().contains("child process is active")
+                                    || e.to_string().contains("already in progress") =>
+                                {
+                                    wait_idle(&mut con, "rdb_bgsave_in_progress")?;
+                                    wait_idle(&mut con, "aof_rewrite_in_progress")?;
+                                }
+                                Err(e) => return Err(format!("{cmd}: {e}")),
+                            }
+                        }
                         wait_idle(&mut con, busy)?;
                         if stop.load(Ordering::SeqCst) {
                             break 'outer; // ended after the load: not counted
