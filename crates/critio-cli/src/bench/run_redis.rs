@@ -8,6 +8,9 @@
 //!  ionice -c3   the same, its fork children put in the kernel's idle I/O class as they
 //!               appear (what a user scripts with `ionice -c3 -p CHILD`)
 //!  critio run   the same, under `critio run --preset redis`
+//!  no I/O       stock with the loop, its data in memory (tmpfs, /dev/shm): what the
+//!               loop costs Redis with no disk at all (fork, copy-on-write, CPU), a
+//!               floor no I/O policy can go below
 //!
 //!  each: fresh data directory -> preload KEYS keys of 1 KiB -> redis-benchmark -t set,
 //!        then -t get (-c 20 -r KEYS -d 1024), the background loop running throughout
@@ -33,6 +36,8 @@ use super::report::{Goal, Report, Table, Target};
 use super::BenchArgs;
 
 const CLIENTS: u32 = 20;
+/// Where the no-I/O run keeps its data (skipped where it is not a tmpfs).
+const TMPFS: &str = "/dev/shm";
 const VALUE_BYTES: usize = 1024;
 
 /// How the server runs.
@@ -42,13 +47,15 @@ enum Setup {
     Stock,
     IoniceChildren,
     CritioRun,
+    NoIo,
 }
 
-const SETUPS: [Setup; 4] = [
+const SETUPS: [Setup; 5] = [
     Setup::Alone,
     Setup::Stock,
     Setup::IoniceChildren,
     Setup::CritioRun,
+    Setup::NoIo,
 ];
 
 impl Setup {
@@ -58,6 +65,7 @@ impl Setup {
             Setup::Stock => "stock",
             Setup::IoniceChildren => "ionice -c3 children",
             Setup::CritioRun => "critio run",
+            Setup::NoIo => "no I/O (tmpfs)",
         }
     }
 
@@ -149,7 +157,12 @@ fn children(pid: u32) -> Vec<i32> {
 }
 
 fn run_setup(setup: Setup, size: &Size, dir: &Path) -> Result<Run, String> {
-    let data = dir.join(setup.name().replace(' ', "-"));
+    let base = if setup == Setup::NoIo {
+        PathBuf::from(TMPFS)
+    } else {
+        dir.to_path_buf()
+    };
+    let data = base.join(format!("critio-run-redis-{}", std::process::id()));
     let stats_path = dir.join("critio-run.stats");
     let wrapper: Vec<OsString> = if setup == Setup::CritioRun {
         let exe = std::env::current_exe().map_err(|e| format!("cannot find critio: {e}"))?;
@@ -240,6 +253,10 @@ pub fn run(args: &BenchArgs) -> Result<Report, String> {
     );
     let mut runs = Vec::new();
     for setup in SETUPS {
+        if setup == Setup::NoIo && !Path::new(TMPFS).is_dir() {
+            eprintln!("run-redis: skipping the no-I/O run: {TMPFS} is not there");
+            continue;
+        }
         runs.push(run_setup(setup, &size, &dir)?);
     }
     for line in runs.iter().flat_map(|r| &r.stats) {
@@ -252,7 +269,8 @@ pub fn run(args: &BenchArgs) -> Result<Report, String> {
         description: format!(
             "unmodified Redis {version} (appendonly yes, appendfsync always) on {} ({machine}): \
              alone, and while BGSAVE and BGREWRITEAOF run back to back: stock, its children in \
-             ionice's idle class, and under critio run --preset redis. {} keys x {VALUE_BYTES} B; \
+             ionice's idle class, under critio run --preset redis, and stock with its data on \
+             tmpfs (no disk I/O: what fork, copy-on-write and the CPU cost alone). {} keys x {VALUE_BYTES} B; \
              redis-benchmark -c {CLIENTS} -r {} -d {VALUE_BYTES}, SET -n {}, GET -n {}. p99.9 is \
              redis-benchmark's first listed percentile at or above 99.9%.",
             dir.display(),
@@ -347,6 +365,16 @@ fn targets(runs: &[Run]) -> Vec<Target> {
     ));
     // Against what a user would do instead (informational goals: better
     // than each).
+    if let Some(floor) = runs.iter().find(|r| r.setup == Setup::NoIo) {
+        // How much of stock's SET tail the disk is responsible for: what
+        // an I/O policy could remove at most.
+        t.push(Target::new(
+            "no-I/O-SET-p99.9-vs-alone (the loop's cost without a disk)",
+            ratio(floor.set.p999_ms, alone.set.p999_ms),
+            Goal::AtMost(1.5),
+            "x",
+        ));
+    }
     for (name, other) in [("stock", stock), ("ionice", ionice)] {
         t.push(Target::new(
             &format!("{name}-SET-p99.9-vs-critio-run (critio run lower)"),
