@@ -369,8 +369,9 @@ impl BackgroundLoop {
                         loop {
                             match redis::cmd(cmd).query::<redis::Value>(&mut con) {
                                 Ok(_) => break,
-                                Err(e) if e.to_string().contains("child process is active")
-                                    || e.to_string().contains("already in progress") =>
+                                Err(e)
+                                    if e.to_string().contains("child process is active")
+                                        || e.to_string().contains("already in progress") =>
                                 {
                                     wait_idle(&mut con, "rdb_bgsave_in_progress")?;
                                     wait_idle(&mut con, "aof_rewrite_in_progress")?;
