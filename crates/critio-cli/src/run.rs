@@ -206,18 +206,22 @@ unsafe impl Sync for Block {}
 
 impl Block {
     fn create(rules: &[Rule], chunk_bytes: u64, background_nice: i32) -> Result<Block, String> {
+        use std::os::unix::fs::OpenOptionsExt;
         let dir = Path::new("/dev/shm");
         let dir = if dir.is_dir() {
             dir.to_path_buf()
         } else {
             std::env::temp_dir()
         };
-        let path = dir.join(format!("critio-run-{}", std::process::id()));
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        let path = dir.join(format!("critio-run-{}-{nanos}", std::process::id()));
         let file = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
-            .create(true)
-            .truncate(true)
+            .create_new(true)
+            .mode(0o600)
             .open(&path)
             .map_err(|e| format!("cannot create the control block {}: {e}", path.display()))?;
         file.set_len(Control::SIZE as u64)
@@ -290,17 +294,45 @@ pub fn lookup_user(name: &str) -> Result<(u32, u32), String> {
 
 /// Writes the embedded library out (once per content) and returns its path.
 fn preload_path() -> Result<PathBuf, String> {
+    use std::io::Write;
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
     let hash = PRELOAD.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
         (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
     });
-    let path = std::env::temp_dir().join(format!("critio-preload-{hash:016x}.so"));
-    if std::fs::metadata(&path).is_ok_and(|m| m.len() == PRELOAD.len() as u64) {
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    let dir = std::env::temp_dir();
+    let path = dir.join(format!("critio-preload-{hash:016x}-{me}.so"));
+    // A copy is used only if it is ours, writable by no one else, and
+    // byte for byte the library (anyone may create files in /tmp: a
+    // planted one must never be preloaded into our command).
+    let trusted = |p: &Path| {
+        std::fs::symlink_metadata(p).is_ok_and(|m| {
+            m.is_file() && m.uid() == me && m.mode() & 0o022 == 0
+        }) && std::fs::read(p).is_ok_and(|b| b == PRELOAD)
+    };
+    if trusted(&path) {
         return Ok(path);
     }
-    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-    std::fs::write(&tmp, PRELOAD).map_err(|e| format!("{}: {e}", tmp.display()))?;
-    std::fs::rename(&tmp, &path).map_err(|e| format!("{}: {e}", path.display()))?;
-    Ok(path)
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    let tmp = dir.join(format!("critio-preload-{}-{nanos}.tmp", std::process::id()));
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o644)
+        .open(&tmp)
+        .map_err(|e| format!("{}: {e}", tmp.display()))?;
+    f.write_all(PRELOAD)
+        .map_err(|e| format!("{}: {e}", tmp.display()))?;
+    drop(f);
+    // Replaces a stale copy of ours; where another user's file holds the
+    // name (a sticky /tmp refuses), the fresh unique file is used as is.
+    if std::fs::rename(&tmp, &path).is_ok() && trusted(&path) {
+        return Ok(path);
+    }
+    Ok(tmp)
 }
 
 /// The rules in force, in order, and the config.
@@ -392,8 +424,15 @@ pub fn run(args: RunArgs) -> Result<ExitCode, String> {
     let done = Arc::new(AtomicBool::new(false));
     let usr1 = Arc::new(AtomicBool::new(false));
     let _ = signal_hook::flag::register(signal_hook::consts::SIGUSR1, usr1.clone());
+    // SIGTERM and SIGHUP are passed on to the command; SIGINT (a terminal's
+    // Ctrl-C already reaches the command's whole process group) is only
+    // survived, so that the statistics are printed and the block removed
+    // once the command exits.
     let forward = Arc::new(AtomicBool::new(false));
     let _ = signal_hook::flag::register(signal_hook::consts::SIGTERM, forward.clone());
+    let hup = Arc::new(AtomicBool::new(false));
+    let _ = signal_hook::flag::register(signal_hook::consts::SIGHUP, hup.clone());
+    let _ = signal_hook::flag::register(signal_hook::consts::SIGINT, Arc::new(AtomicBool::new(false)));
     let controller = {
         let (block, done, cfg) = (block.clone(), done.clone(), cfg.clone());
         let (usr1, forward, pace, stats) =
@@ -406,9 +445,11 @@ pub fn run(args: RunArgs) -> Result<ExitCode, String> {
                 if pace {
                     ctl.window(block.control());
                 }
-                if forward.swap(false, Ordering::Relaxed) {
-                    // SAFETY: kill takes integers; the child is ours.
-                    unsafe { libc::kill(pid, libc::SIGTERM) };
+                for (flag, sig) in [(&forward, libc::SIGTERM), (&hup, libc::SIGHUP)] {
+                    if flag.swap(false, Ordering::Relaxed) {
+                        // SAFETY: kill takes integers; the child is ours.
+                        unsafe { libc::kill(pid, sig) };
+                    }
                 }
                 if usr1.swap(false, Ordering::Relaxed) && stats {
                     print_stats(block.control(), &ctl);

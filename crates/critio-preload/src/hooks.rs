@@ -44,12 +44,11 @@ struct Call {
 fn begin(fd: c_int) -> Option<Call> {
     let c = control()?;
     let inside = Inside::enter()?;
-    if !pace::is_file(fd) {
-        return None;
-    }
     let errno = Errno::save();
-    let class = thread::class(c);
+    let file = fd >= 0 && pace::is_file(fd);
+    let class = if file { Some(thread::class(c)) } else { None };
     errno.restore();
+    let class = class?;
     Some(Call {
         c,
         class,
@@ -195,11 +194,21 @@ pub unsafe extern "C" fn fwrite(
         Errno(libc::ENOSYS).restore();
         return 0;
     };
-    let Some(call) = begin(libc::fileno(stream)) else {
+    let call = if control().is_some() && !stream.is_null() {
+        let errno = Errno::save();
+        let fd = libc::fileno(stream);
+        errno.restore();
+        begin(fd)
+    } else {
+        None
+    };
+    let Some(call) = call else {
         return real(ptr, size, nmemb, stream);
     };
     let r = real(ptr, size, nmemb, stream);
+    let errno = Errno::save();
     let fd = libc::fileno(stream);
+    errno.restore();
     call.end(
         Op::Write,
         fd,
@@ -308,10 +317,18 @@ pub unsafe extern "C" fn fclose(stream: *mut FILE) -> c_int {
         Errno(libc::ENOSYS).restore();
         return libc::EOF;
     };
-    if !stream.is_null() {
-        pace::closed(libc::fileno(stream));
-    }
-    real(stream)
+    let fd = if control().is_some() && !stream.is_null() {
+        let errno = Errno::save();
+        let fd = libc::fileno(stream);
+        errno.restore();
+        fd
+    } else {
+        -1
+    };
+    pace::closed(fd);
+    let r = real(stream);
+    pace::closed(fd);
+    r
 }
 
 /// Resolves every real function now (from the library's constructor), so
@@ -366,7 +383,9 @@ pub unsafe extern "C" fn pthread_mutex_lock(m: *mut libc::pthread_mutex_t) -> c_
             return r;
         }
     }
+    let errno = Errno::save();
     let boost = crate::inherit::Boost::of(crate::inherit::owner(m), libc::gettid(), c);
+    errno.restore();
     let r = real(m);
     let errno = Errno::save();
     drop(boost);
@@ -441,12 +460,12 @@ pub unsafe extern "C" fn waitpid(
     };
     let errno = Errno::save();
     let fg = thread::class(c) == Class::Foreground;
-    errno.restore();
     let boost = if fg {
         crate::inherit::Boost::of(pid, libc::gettid(), c)
     } else {
         None
     };
+    errno.restore();
     let r = real(pid, status, options);
     let errno = Errno::save();
     drop(boost);

@@ -41,10 +41,15 @@ pub fn note_class(tid: i32, class: Class) {
     let start = home(tid, CLASS_SLOTS);
     for i in 0..CLASS_SLOTS {
         let slot = &CLASSES[(start + i) % CLASS_SLOTS];
-        let cur = slot.load(Ordering::Relaxed);
-        if cur == 0 || (cur >> 8) as u32 == tid as u32 {
-            slot.store(value, Ordering::Relaxed);
-            return;
+        let mut cur = slot.load(Ordering::Relaxed);
+        loop {
+            if cur != 0 && (cur >> 8) as u32 != tid as u32 {
+                break; // another thread's slot: probe on
+            }
+            match slot.compare_exchange(cur, value, Ordering::Relaxed, Ordering::Relaxed) {
+                Ok(_) => return,
+                Err(seen) => cur = seen,
+            }
         }
     }
     // Full: the thread is simply not boostable.
@@ -83,35 +88,46 @@ pub fn boosted(tid: i32, c: &Control) -> bool {
     })
 }
 
-/// Adds a waiter to `tid`'s boost; false if the table is full.
+/// Adds a waiter to `tid`'s boost; false if the table is full. A tid has
+/// at most one slot with waiters: an existing one is counted up first.
 fn add_waiter(tid: i32, c: &Control) -> bool {
     let key = u64::from(tid as u32) << 32;
-    let start = home(tid, BOOST_SLOTS);
-    for i in 0..BOOST_SLOTS {
-        let slot = &c.boosted[(start + i) % BOOST_SLOTS];
+    let mine = |v: u64| v >> 32 == key >> 32 && v & 0xffff_ffff > 0;
+    for slot in &c.boosted {
         let mut cur = slot.load(Ordering::Relaxed);
-        loop {
-            let (owner, n) = (cur >> 32, cur & 0xffff_ffff);
-            let mine = owner == key >> 32 && (n > 0 || cur == key);
-            if !(mine || n == 0) {
-                break; // another thread's boost: probe on
-            }
-            let next = if mine { cur + 1 } else { key | 1 };
-            match slot.compare_exchange_weak(cur, next, Ordering::AcqRel, Ordering::Relaxed) {
+        while mine(cur) {
+            match slot.compare_exchange_weak(cur, cur + 1, Ordering::AcqRel, Ordering::Relaxed) {
                 Ok(_) => return true,
                 Err(seen) => cur = seen,
             }
         }
     }
+    let start = home(tid, BOOST_SLOTS);
+    for i in 0..BOOST_SLOTS {
+        let slot = &c.boosted[(start + i) % BOOST_SLOTS];
+        let cur = slot.load(Ordering::Relaxed);
+        if cur & 0xffff_ffff == 0
+            && slot
+                .compare_exchange(cur, key | 1, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+        {
+            return true;
+        }
+    }
     false
 }
 
-/// Removes a waiter; returns the waiters left.
+/// Removes a waiter; returns the waiters left (the slot is checked to be
+/// `tid`'s on every attempt, so a slot taken over meanwhile is never
+/// counted down).
 fn remove_waiter(tid: i32, c: &Control) -> u64 {
     for slot in &c.boosted {
-        let cur = slot.load(Ordering::Relaxed);
-        if (cur >> 32) as u32 == tid as u32 && cur & 0xffff_ffff > 0 {
-            return (slot.fetch_sub(1, Ordering::AcqRel) & 0xffff_ffff) - 1;
+        let mut cur = slot.load(Ordering::Relaxed);
+        while (cur >> 32) as u32 == tid as u32 && cur & 0xffff_ffff > 0 {
+            match slot.compare_exchange_weak(cur, cur - 1, Ordering::AcqRel, Ordering::Relaxed) {
+                Ok(_) => return (cur & 0xffff_ffff) - 1,
+                Err(seen) => cur = seen,
+            }
         }
     }
     0
@@ -134,7 +150,7 @@ pub fn apply(tid: i32, class: Class, c: &Control) {
             tid as libc::c_long,
             prio,
         );
-        if c.background_nice != 0 {
+        if c.background_nice != 0 && crate::may_nice() {
             libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, nice);
         }
     }

@@ -64,8 +64,24 @@ fn control() -> Option<&'static Control> {
     c.is_enabled().then_some(c)
 }
 
-/// Maps the control block named by `CRITIO_RUN_CONTROL`, if any.
+/// Whether this process may lower a nice value it raised (root, or
+/// CAP_SYS_NICE-less processes may not): only then are background threads
+/// niced, since a thread that turns foreground, or is boosted, must get
+/// its CPU share back, and a forked child inherits its parent's value.
+static MAY_UNNICE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Whether background threads may be niced (see [`MAY_UNNICE`]).
+fn may_nice() -> bool {
+    MAY_UNNICE.load(Ordering::Relaxed)
+}
+
+/// Resolves the real functions (always: a pass-through must not call the
+/// dynamic linker later, from a signal handler or after a fork), then maps
+/// the control block named by `CRITIO_RUN_CONTROL`, if any.
 extern "C" fn init() {
+    hooks::resolve_all();
+    // SAFETY: geteuid has no preconditions.
+    MAY_UNNICE.store(unsafe { libc::geteuid() } == 0, Ordering::Relaxed);
     // SAFETY: getenv reads the environment; the name is NUL-terminated.
     let path = unsafe { libc::getenv(c"CRITIO_RUN_CONTROL".as_ptr()) };
     debug_assert_eq!(ENV_CONTROL, "CRITIO_RUN_CONTROL");
@@ -102,7 +118,6 @@ extern "C" fn init() {
             libc::munmap(p, Control::SIZE);
             return;
         }
-        hooks::resolve_all();
         CONTROL.store(c, Ordering::Release);
         libc::pthread_atfork(None, None, Some(after_fork_child));
     }

@@ -194,7 +194,9 @@ fn wait_turn(bytes: u64, c: &Control) {
     let now = now_ns();
     let mut next = c.pace_next_ns.load(Ordering::Relaxed);
     let start = loop {
-        let start = next.max(now);
+        // A turn is never booked further ahead than one longest wait, so
+        // the clock carries no debt past what a writer actually waits.
+        let start = next.max(now).min(now + PACE_WAIT_MAX_NS);
         match c.pace_next_ns.compare_exchange_weak(
             next,
             start + cost,
@@ -206,15 +208,22 @@ fn wait_turn(bytes: u64, c: &Control) {
         }
     };
     let wait = (start - now).min(PACE_WAIT_MAX_NS);
-    if wait == 0 {
-        return;
+    // In slices, so a foreground thread that starts waiting for this one
+    // (a lock it holds) ends the wait within a slice.
+    const SLICE_NS: u64 = 20_000_000;
+    // SAFETY: gettid has no preconditions.
+    let me = unsafe { libc::gettid() };
+    let mut left = wait;
+    while left > 0 && !crate::inherit::boosted(me, c) {
+        let step = left.min(SLICE_NS);
+        let ts = libc::timespec {
+            tv_sec: (step / 1_000_000_000) as libc::time_t,
+            tv_nsec: (step % 1_000_000_000) as libc::c_long,
+        };
+        // SAFETY: nanosleep reads `ts`; a signal ending it early only
+        // shortens the wait. It is not interposed.
+        unsafe { libc::nanosleep(&ts, std::ptr::null_mut()) };
+        left -= step;
     }
-    let ts = libc::timespec {
-        tv_sec: (wait / 1_000_000_000) as libc::time_t,
-        tv_nsec: (wait % 1_000_000_000) as libc::c_long,
-    };
-    // SAFETY: nanosleep reads `ts`; a signal ending it early only shortens
-    // the wait. It is not interposed.
-    unsafe { libc::nanosleep(&ts, std::ptr::null_mut()) };
-    c.pace_wait_ns.fetch_add(wait, Ordering::Relaxed);
+    c.pace_wait_ns.fetch_add(wait - left, Ordering::Relaxed);
 }

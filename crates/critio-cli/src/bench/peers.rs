@@ -296,7 +296,7 @@ impl Peer {
                     std::thread::sleep(Duration::from_millis(20))
                 }
                 _ => {
-                    let _ = self.child.kill();
+                    kill_tree(self.child.id());
                     let _ = self.child.wait();
                     break None;
                 }
@@ -315,11 +315,33 @@ impl Peer {
 
 impl Drop for Peer {
     fn drop(&mut self) {
-        // A peer not stopped cleanly (an error path) must not outlive us.
+        // A peer not stopped cleanly (an error path) must not outlive us:
+        // neither it nor, when it is a wrapper (critio run), the server
+        // under it; nor its data.
         if let Ok(None) = self.child.try_wait() {
-            let _ = self.child.kill();
+            kill_tree(self.child.id());
             let _ = self.child.wait();
         }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// SIGKILLs `pid` and every process under it (children first found,
+/// through `/proc/PID/task/*/children`).
+pub fn kill_tree(pid: u32) {
+    let mut all = vec![pid];
+    let mut i = 0;
+    while i < all.len() {
+        let tasks = std::fs::read_dir(format!("/proc/{}/task", all[i]));
+        for task in tasks.into_iter().flatten().flatten() {
+            let kids = std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
+            all.extend(kids.split_whitespace().filter_map(|k| k.parse::<u32>().ok()));
+        }
+        i += 1;
+    }
+    for p in all {
+        // SAFETY: kill takes integers; these are our descendants.
+        unsafe { libc::kill(p as i32, libc::SIGKILL) };
     }
 }
 

@@ -208,20 +208,18 @@ impl Server {
             .map_err(|_| format!("pg_stat_bgwriter said `{v}`"))
     }
 
-    /// A fast shutdown (SIGINT to the postmaster; under critio run, SIGTERM
-    /// to critio run, which passes it on: a smart shutdown, no clients
-    /// are left).
-    fn stop(mut self, wrapped: bool) -> Result<(), String> {
-        let sig = if wrapped { libc::SIGTERM } else { libc::SIGINT };
+    /// A smart shutdown, the same both ways (SIGTERM to the postmaster, or
+    /// to critio run, which passes it on; no clients are left).
+    fn stop(mut self) -> Result<(), String> {
         // SAFETY: kill takes integers; the child is ours.
-        unsafe { libc::kill(self.child.id() as i32, sig) };
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
         let started = Instant::now();
         loop {
             if let Ok(Some(_)) = self.child.try_wait() {
                 return Ok(());
             }
             if started.elapsed() > Duration::from_secs(120) {
-                let _ = self.child.kill();
+                super::peers::kill_tree(self.child.id());
                 let _ = self.child.wait();
                 return Err("postgres did not stop within 120 s; killed".into());
             }
@@ -232,8 +230,10 @@ impl Server {
 
 impl Drop for Server {
     fn drop(&mut self) {
+        // The postmaster and its backends (and critio run above them) must
+        // not outlive an error, nor keep the cluster's files open.
         if let Ok(None) = self.child.try_wait() {
-            let _ = self.child.kill();
+            super::peers::kill_tree(self.child.id());
             let _ = self.child.wait();
         }
     }
@@ -396,7 +396,7 @@ fn run_in(
         c.args(["-i", "-q", "-s", &size.scale.to_string(), "postgres"]);
         run_ok(c, "pgbench -i")?;
         s.psql("CHECKPOINT")?;
-        s.stop(false)?;
+        s.stop()?;
     }
     let exe = std::env::current_exe().map_err(|e| format!("cannot find critio: {e}"))?;
     let mut runs = Vec::new();
@@ -414,7 +414,6 @@ fn run_in(
         if !drop_caches() {
             eprintln!("run-postgres: cannot drop the page cache (not root?): runs start warm");
         }
-        let stats = dir.join("critio-run.stats");
         let wrapper: Vec<OsString> = if wrapped {
             vec![
                 exe.clone().into(),
@@ -436,7 +435,7 @@ fn run_in(
         );
         let server = Server::start(bin, &data, user, &wrapper)?;
         let mut run = bench(&server, &size, dir, name)?;
-        server.stop(wrapped)?;
+        server.stop()?;
         if wrapped {
             let log = std::fs::read_to_string(data.with_extension("log")).unwrap_or_default();
             run.stats = log
@@ -445,7 +444,6 @@ fn run_in(
                 .map(str::to_owned)
                 .collect();
         }
-        let _ = std::fs::remove_file(stats);
         let _ = std::fs::remove_dir_all(&data);
         runs.push(run);
     }

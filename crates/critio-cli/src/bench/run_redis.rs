@@ -5,8 +5,9 @@
 //! ```text
 //!  alone        stock redis-server, no background work
 //!  stock        stock redis-server, BGSAVE and BGREWRITEAOF back to back (each waited for)
-//!  ionice -c3   the same, its fork children put in the kernel's idle I/O class as they
-//!               appear (what a user scripts with `ionice -c3 -p CHILD`)
+//!  ionice -c3   the same, its fork children put in the kernel's idle I/O class and at
+//!               CPU nice 10 as they appear (what a user scripts with `ionice -c3 -p CHILD`
+//!               and `renice`; critio run nices background threads to 10 too)
 //!  critio run   the same, under `critio run --preset redis`
 //!  no I/O       stock with the loop, its data in memory (tmpfs, /dev/shm): what the
 //!               loop costs Redis with no disk at all (fork, copy-on-write, CPU), a
@@ -63,7 +64,7 @@ impl Setup {
         match self {
             Setup::Alone => "alone",
             Setup::Stock => "stock",
-            Setup::IoniceChildren => "ionice -c3 children",
+            Setup::IoniceChildren => "ionice -c3 + nice children",
             Setup::CritioRun => "critio run",
             Setup::NoIo => "no I/O (tmpfs)",
         }
@@ -112,8 +113,8 @@ impl Run {
     }
 }
 
-/// Puts every child process of `pid` in the idle I/O class as it appears,
-/// until stopped.
+/// Puts every child process of `pid` in the idle I/O class, at CPU nice
+/// 10, as it appears, until stopped.
 struct IoniceChildren {
     stop: Arc<AtomicBool>,
     handle: std::thread::JoinHandle<u64>,
@@ -269,7 +270,7 @@ pub fn run(args: &BenchArgs) -> Result<Report, String> {
         description: format!(
             "unmodified Redis {version} (appendonly yes, appendfsync always) on {} ({machine}): \
              alone, and while BGSAVE and BGREWRITEAOF run back to back: stock, its children in \
-             ionice's idle class, under critio run --preset redis, and stock with its data on \
+             ionice's idle class and at nice 10, under critio run --preset redis, and stock with its data on \
              tmpfs (no disk I/O: what fork, copy-on-write and the CPU cost alone). {} keys x {VALUE_BYTES} B; \
              redis-benchmark -c {CLIENTS} -r {} -d {VALUE_BYTES}, SET -n {}, GET -n {}. p99.9 is \
              redis-benchmark's first listed percentile at or above 99.9%.",

@@ -449,7 +449,10 @@ impl<P> Scheduler<P> {
         self.slots_used[pool] += 1;
         self.queues[lane].push_back((id, now));
         if self.cfg.classes {
-            self.think[lane].sample(now, 2 * self.cfg.anticipation.max(1));
+            // Think time ends when the request arrived, not when it got a
+            // slot (a wait for admission is not the submitter's thinking).
+            let arrived = self.reqs.get(&id).map_or(now, |e| e.submitted);
+            self.think[lane].sample(arrived, 2 * self.cfg.anticipation.max(1));
             if self.antic.is_some_and(|(served, _)| lane <= served) {
                 self.antic = None;
             }
