@@ -307,9 +307,9 @@ fn preload_path() -> Result<PathBuf, String> {
     // byte for byte the library (anyone may create files in /tmp: a
     // planted one must never be preloaded into our command).
     let trusted = |p: &Path| {
-        std::fs::symlink_metadata(p).is_ok_and(|m| {
-            m.is_file() && m.uid() == me && m.mode() & 0o022 == 0
-        }) && std::fs::read(p).is_ok_and(|b| b == PRELOAD)
+        std::fs::symlink_metadata(p)
+            .is_ok_and(|m| m.is_file() && m.uid() == me && m.mode() & 0o022 == 0)
+            && std::fs::read(p).is_ok_and(|b| b == PRELOAD)
     };
     if trusted(&path) {
         return Ok(path);
@@ -432,7 +432,10 @@ pub fn run(args: RunArgs) -> Result<ExitCode, String> {
     let _ = signal_hook::flag::register(signal_hook::consts::SIGTERM, forward.clone());
     let hup = Arc::new(AtomicBool::new(false));
     let _ = signal_hook::flag::register(signal_hook::consts::SIGHUP, hup.clone());
-    let _ = signal_hook::flag::register(signal_hook::consts::SIGINT, Arc::new(AtomicBool::new(false)));
+    let _ = signal_hook::flag::register(
+        signal_hook::consts::SIGINT,
+        Arc::new(AtomicBool::new(false)),
+    );
     let controller = {
         let (block, done, cfg) = (block.clone(), done.clone(), cfg.clone());
         let (usr1, forward, pace, stats) =

@@ -335,7 +335,10 @@ pub fn kill_tree(pid: u32) {
         let tasks = std::fs::read_dir(format!("/proc/{}/task", all[i]));
         for task in tasks.into_iter().flatten().flatten() {
             let kids = std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
-            all.extend(kids.split_whitespace().filter_map(|k| k.parse::<u32>().ok()));
+            all.extend(
+                kids.split_whitespace()
+                    .filter_map(|k| k.parse::<u32>().ok()),
+            );
         }
         i += 1;
     }

@@ -129,9 +129,17 @@ impl IoniceChildren {
                 let mut done = std::collections::HashSet::new();
                 while !stop.load(Ordering::Relaxed) {
                     for child in children(pid) {
-                        if done.insert(child) && set_thread_ioprio(child, IoPriority::Idle).is_err()
-                        {
+                        if !done.insert(child) {
+                            continue;
+                        }
+                        if set_thread_ioprio(child, IoPriority::Idle).is_err() {
                             done.remove(&child); // gone already, or not yet visible
+                        } else {
+                            // SAFETY: setpriority takes integers; the child
+                            // is the server's.
+                            unsafe {
+                                libc::setpriority(libc::PRIO_PROCESS, child as libc::id_t, 10)
+                            };
                         }
                     }
                     std::thread::sleep(Duration::from_millis(5));
@@ -200,7 +208,7 @@ fn run_setup(setup: Setup, size: &Size, dir: &Path) -> Result<Run, String> {
     };
     if let Some(w) = ionice {
         eprintln!(
-            "run-redis: ionice -c3: {} children put in the idle class",
+            "run-redis: ionice -c3: {} children put in the idle class at nice 10",
             w.stop()
         );
     }
