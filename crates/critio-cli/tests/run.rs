@@ -282,6 +282,31 @@ fn redis_under_critio_run_snapshots_and_rewrites_into_files_stock_redis_loads() 
     assert!(dir.path().join("dump.rdb").exists());
 }
 
+/// Runs `command` under `critio run --preset redis` with background
+/// writes paced at exactly 1 MiB/s and lock/child inheritance on or off;
+/// returns the seconds it printed (`waited S`) and critio run's stderr.
+fn paced_wait(dir: &Path, inherit: bool, command: &[&std::ffi::OsStr]) -> (f64, String) {
+    let cfg = dir.join(format!("paced-{inherit}.toml"));
+    std::fs::write(
+        &cfg,
+        format!(
+            "start_rate_mib = 1.0\nmin_rate_mib = 1.0\nstep_mib = 0.0\ninherit_locks = {inherit}\n"
+        ),
+    )
+    .unwrap();
+    let o = Command::new(CRITIO)
+        .args(["run", "--preset", "redis", "--stats", "--config"])
+        .arg(&cfg)
+        .arg("--")
+        .args(command)
+        .output()
+        .unwrap();
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{out}\n{err}");
+    let secs = out.trim().strip_prefix("waited ").unwrap().parse().unwrap();
+    (secs, err)
+}
+
 /// Compiles `tests/run/lock.c` with the system C compiler (None: there is
 /// none).
 fn lock_program(dir: &Path) -> Option<std::path::PathBuf> {
@@ -306,28 +331,13 @@ fn a_foreground_waiter_lifts_the_pacing_of_the_background_lock_owner() {
     // Background writes paced at 1 MiB/s and never faster: the owner needs
     // seconds to write 6 MiB unless the waiting main thread boosts it.
     let waited = |inherit: bool| {
-        let cfg = dir.path().join(format!("run-{inherit}.toml"));
-        std::fs::write(
-            &cfg,
-            format!(
-                "start_rate_mib = 1.0\nmin_rate_mib = 1.0\nstep_mib = 0.0\ninherit_locks = {inherit}\n"
-            ),
-        )
-        .unwrap();
-        let o = Command::new(CRITIO)
-            .args(["run", "--preset", "redis", "--stats", "--config"])
-            .arg(&cfg)
-            .arg("--")
-            .arg(&exe)
-            .arg(dir.path().join(format!("data-{inherit}")))
-            .arg("6")
-            .output()
-            .unwrap();
-        let (out, err) = text(&o);
-        assert!(o.status.success(), "{out}\n{err}");
-        let secs: f64 = out.trim().strip_prefix("waited ").unwrap().parse().unwrap();
-        let boosts = err.contains(" 0 lock owners boosted");
-        (secs, !boosts, err)
+        let data = dir.path().join(format!("data-{inherit}"));
+        let (secs, err) = paced_wait(
+            dir.path(),
+            inherit,
+            &[exe.as_os_str(), data.as_os_str(), "6".as_ref()],
+        );
+        (secs, !err.contains(" 0 lock owners boosted"), err)
     };
     let (without, boosted_without, err) = waited(false);
     assert!(!boosted_without, "{err}");
@@ -367,25 +377,14 @@ os.waitpid(pid, 0)
 print(f"waited {time.time() - t0:.3f}")
 "#;
     let waited = |inherit: bool| {
-        let cfg = dir.path().join(format!("w-{inherit}.toml"));
-        std::fs::write(
-            &cfg,
-            format!(
-                "start_rate_mib = 1.0\nmin_rate_mib = 1.0\nstep_mib = 0.0\ninherit_locks = {inherit}\n"
-            ),
-        )
-        .unwrap();
-        let o = Command::new(CRITIO)
-            .args(["run", "--preset", "redis", "--stats", "--config"])
-            .arg(&cfg)
-            .args(["--", py, "-c", script])
-            .arg(dir.path().join(format!("child-{inherit}")))
-            .output()
-            .unwrap();
-        let (out, err) = text(&o);
-        assert!(o.status.success(), "{out}\n{err}");
-        let secs: f64 = out.trim().strip_prefix("waited ").unwrap().parse().unwrap();
-        (secs, err)
+        let data = dir.path().join(format!("child-{inherit}"));
+        let args: [&std::ffi::OsStr; 4] = [
+            py.as_ref(),
+            "-c".as_ref(),
+            script.as_ref(),
+            data.as_os_str(),
+        ];
+        paced_wait(dir.path(), inherit, &args)
     };
     let (without, err) = waited(false);
     assert!(

@@ -20,7 +20,7 @@
 //! BGREWRITEAOF) completed per second of load, since a faster server
 //! spends fewer seconds on the same requests.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Instant;
 
 use critio_kv::Scheme;
@@ -354,26 +354,6 @@ fn scheme_targets(runs: &[Run]) -> Vec<Target> {
     t
 }
 
-/// The directory the servers' data goes in: `--device file:DIR`, else
-/// `kv-vs-redis` in the results directory.
-fn work_dir(args: &BenchArgs) -> Result<PathBuf, String> {
-    let dir = match args.device.as_deref() {
-        None => args.out_dir().join("kv-vs-redis"),
-        Some(d) => match d.strip_prefix("file:") {
-            Some(path) => PathBuf::from(path),
-            None => {
-                return Err(format!(
-                    "kv-vs-redis runs on a file system: give --device file:DIR, not `{d}`"
-                ))
-            }
-        },
-    };
-    std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-    // Absolute: redis-server resolves its log file after changing into its
-    // data directory.
-    std::path::absolute(&dir).map_err(|e| format!("cannot resolve {}: {e}", dir.display()))
-}
-
 /// Runs the experiment.
 pub fn run(args: &BenchArgs) -> Result<Report, String> {
     super::kv_background::require_redis_benchmark()?;
@@ -386,7 +366,7 @@ pub fn run(args: &BenchArgs) -> Result<Report, String> {
         }
     };
     let version = redis.as_deref().unwrap_or("(not installed)").to_owned();
-    let dir = work_dir(args)?;
+    let dir = args.file_system_dir("kv-vs-redis")?;
     let machine = host::describe(&dir);
     eprintln!(
         "kv-vs-redis: Redis {version} and critio-kv on {} ({machine})",

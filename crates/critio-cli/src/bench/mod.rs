@@ -47,6 +47,27 @@ impl BenchArgs {
             .filter(|p| !p.as_os_str().is_empty())
             .map_or_else(|| PathBuf::from("critio-results"), Path::to_path_buf)
     }
+
+    /// The directory an experiment that runs servers on a file system
+    /// works in: `--device file:DIR`, else `experiment` in the results
+    /// directory; created, and absolute (redis-server resolves its log
+    /// file after changing into its data directory).
+    pub fn file_system_dir(&self, experiment: &str) -> Result<PathBuf, String> {
+        let dir = match self.device.as_deref() {
+            None => self.out_dir().join(experiment),
+            Some(d) => match d.strip_prefix("file:") {
+                Some(path) => PathBuf::from(path),
+                None => {
+                    return Err(format!(
+                        "{experiment} runs on a file system: give --device file:DIR, not `{d}`"
+                    ))
+                }
+            },
+        };
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        std::path::absolute(&dir).map_err(|e| format!("cannot resolve {}: {e}", dir.display()))
+    }
 }
 
 /// An experiment: its name, a one-line description, and its entry point.

@@ -326,24 +326,6 @@ fn bench(server: &Server, size: &Size, dir: &Path, name: &'static str) -> Result
     })
 }
 
-/// The directory the clusters go in: `--device file:DIR`, else
-/// `run-postgres` in the results directory.
-fn work_dir(args: &BenchArgs) -> Result<PathBuf, String> {
-    let dir = match args.device.as_deref() {
-        None => args.out_dir().join("run-postgres"),
-        Some(d) => match d.strip_prefix("file:") {
-            Some(path) => PathBuf::from(path),
-            None => {
-                return Err(format!(
-                    "run-postgres runs on a file system: give --device file:DIR, not `{d}`"
-                ))
-            }
-        },
-    };
-    std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-    std::path::absolute(&dir).map_err(|e| format!("cannot resolve {}: {e}", dir.display()))
-}
-
 /// Runs the experiment.
 pub fn run(args: &BenchArgs) -> Result<Report, String> {
     let bin = bin_dir()?;
@@ -361,7 +343,7 @@ pub fn run(args: &BenchArgs) -> Result<Report, String> {
     )?
     .trim()
     .to_owned();
-    let root = work_dir(args)?;
+    let root = args.file_system_dir("run-postgres")?;
     let dir = root.join(format!("run-postgres-{}", std::process::id()));
     std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let result = run_in(args, &bin, user, &version, &dir);

@@ -230,29 +230,11 @@ fn run_setup(setup: Setup, size: &Size, dir: &Path) -> Result<Run, String> {
     })
 }
 
-/// The directory the servers' data goes in: `--device file:DIR`, else
-/// `run-redis` in the results directory.
-fn work_dir(args: &BenchArgs) -> Result<PathBuf, String> {
-    let dir = match args.device.as_deref() {
-        None => args.out_dir().join("run-redis"),
-        Some(d) => match d.strip_prefix("file:") {
-            Some(path) => PathBuf::from(path),
-            None => {
-                return Err(format!(
-                    "run-redis runs on a file system: give --device file:DIR, not `{d}`"
-                ))
-            }
-        },
-    };
-    std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-    std::path::absolute(&dir).map_err(|e| format!("cannot resolve {}: {e}", dir.display()))
-}
-
 /// Runs the experiment.
 pub fn run(args: &BenchArgs) -> Result<Report, String> {
     super::kv_background::require_redis_benchmark()?;
     let version = redis_server_version()?;
-    let dir = work_dir(args)?;
+    let dir = args.file_system_dir("run-redis")?;
     let machine = host::describe(&dir);
     let size = size(args.quick);
     eprintln!(
