@@ -398,3 +398,124 @@ print(f"waited {time.time() - t0:.3f}")
         "waited {with} s with inheritance, {without} s without:\n{err}"
     );
 }
+
+#[test]
+fn writes_in_place_are_started_on_their_way_but_never_paced() {
+    let Some(py) = python() else {
+        eprintln!("skipped: no python3");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    // The background child rewrites the first MiB of a 2 MiB file six
+    // times (as a database writes pages out, holding its own locks); at a
+    // pace of 1 MiB/s an appended 6 MiB takes over 4 s (the test above),
+    // in place it is not slowed. The parent times the child's writes.
+    let script = r#"
+import os, sys, time
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o600)
+os.ftruncate(fd, 2 << 20)
+r, w = os.pipe()
+pid = os.fork()
+if pid == 0:
+    t0 = time.time()
+    for i in range(96):
+        os.pwrite(fd, b"x" * 65536, (i % 16) * 65536)
+    os.write(w, f"{time.time() - t0:.3f}".encode())
+    os._exit(0)
+os.waitpid(pid, 0)
+print("waited " + os.read(r, 64).decode())
+"#;
+    let data = dir.path().join("in-place");
+    let args: [&std::ffi::OsStr; 4] = [
+        py.as_ref(),
+        "-c".as_ref(),
+        script.as_ref(),
+        data.as_os_str(),
+    ];
+    let (took, err) = paced_wait(dir.path(), false, &args);
+    assert!(took < 2.0, "in-place writes took {took} s:\n{err}");
+    let kicked = err
+        .split("; ")
+        .find(|part| part.contains("chunks written in place"))
+        .and_then(|part| part.split_whitespace().next()?.parse::<u32>().ok());
+    assert!(
+        kicked.is_some_and(|n| n >= 5),
+        "in-place chunks not counted:\n{err}"
+    );
+    assert!(
+        err.contains("critio run: pacing: 0 appended chunks"),
+        "{err}"
+    );
+}
+
+#[test]
+fn background_threads_get_the_configured_kernel_io_priority() {
+    let Some(py) = python() else {
+        eprintln!("skipped: no python3");
+        return;
+    };
+    if Command::new("ionice").arg("-p").arg("1").output().is_err() {
+        eprintln!("skipped: no ionice (util-linux)");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    // A fork child (background under the redis preset) writes a file (so
+    // the library classifies it) and then asks ionice for its own priority.
+    let script = r#"
+import os, subprocess, sys
+pid = os.fork()
+if pid == 0:
+    fd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT, 0o600)
+    os.write(fd, b"x")
+    os.close(fd)
+    out = subprocess.run(["ionice", "-p", str(os.getpid())], capture_output=True, text=True).stdout
+    print(out.strip(), flush=True)
+    os._exit(0)
+os.waitpid(pid, 0)
+"#;
+    let prio = |config: Option<&str>| {
+        let mut cmd = Command::new(CRITIO);
+        cmd.args(["run", "--preset", "redis", "--explain"]);
+        if let Some(text) = config {
+            let cfg = dir.path().join("prio.toml");
+            std::fs::write(&cfg, text).unwrap();
+            cmd.arg("--config").arg(cfg);
+        }
+        let o = cmd
+            .arg("--")
+            .args([py, "-c", script])
+            .arg(dir.path().join("f"))
+            .output()
+            .unwrap();
+        let (out, err) = text(&o);
+        assert!(o.status.success(), "{out}\n{err}");
+        (out.trim().to_owned(), err)
+    };
+    let (idle, err) = prio(None);
+    assert_eq!(idle, "idle", "{err}");
+    assert!(
+        err.contains("background threads get I/O priority idle"),
+        "{err}"
+    );
+    let (be7, err) = prio(Some("background_ioprio = \"best-effort-7\"\n"));
+    assert_eq!(be7, "best-effort: prio 7", "{err}");
+    assert!(
+        err.contains("background threads get I/O priority best-effort-7"),
+        "{err}"
+    );
+    let o = Command::new(CRITIO)
+        .args(["run", "--preset", "redis", "--config"])
+        .arg({
+            let cfg = dir.path().join("bad.toml");
+            std::fs::write(&cfg, "background_ioprio = \"realtime\"\n").unwrap();
+            cfg
+        })
+        .args(["--", "true"])
+        .output()
+        .unwrap();
+    let (_, err) = text(&o);
+    assert!(
+        !o.status.success() && err.contains("best-effort-N"),
+        "{err}"
+    );
+}

@@ -32,7 +32,17 @@ use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering};
 /// "critioRN": a mapped block starts with it.
 pub const MAGIC: u64 = 0x4e52_6f69_7469_7263;
 /// The layout's version.
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
+/// The kernel's idle I/O class (`ionice -c3`): served only when no other
+/// class has I/O pending.
+pub const IOPRIO_IDLE: u16 = 3 << 13;
+
+/// The kernel's best-effort class at `level` (0 high ..= 7 low; `ionice -c2
+/// -n LEVEL`).
+pub const fn ioprio_best_effort(level: u8) -> u16 {
+    (2 << 13) | (level as u16 & 7)
+}
+
 /// Rules a block holds.
 pub const RULES_MAX: usize = 16;
 /// Bytes of one rule's pattern.
@@ -315,6 +325,9 @@ pub struct Control {
     /// fork child serializing a snapshot does not take the CPU its
     /// parent's requests need.
     pub background_nice: i32,
+    /// The kernel I/O priority a background thread gets (`ioprio_set`'s
+    /// value: [`IOPRIO_IDLE`] or [`ioprio_best_effort`]).
+    pub background_ioprio: u32,
     /// 1: a foreground thread waiting for a `pthread_mutex` held by a
     /// background thread boosts it (0: off).
     pub inherit_locks: u32,
@@ -349,6 +362,11 @@ pub struct Control {
     pub writeback_wait_ns: AtomicU64,
     /// Bytes of written data dropped from the page cache.
     pub dropped_bytes: AtomicU64,
+    /// Chunks written in place, only started on their way to the device
+    /// (never waited for: the writer may hold its own locks).
+    pub kicked_chunks: AtomicU64,
+    /// Their bytes.
+    pub kicked_bytes: AtomicU64,
     /// Boosts of a background thread by a foreground waiter (a lock it
     /// holds, a child process it waits for).
     pub boosts: AtomicU64,
@@ -386,6 +404,7 @@ impl Control {
         rules: &[Rule],
         chunk_bytes: u64,
         background_nice: i32,
+        background_ioprio: u16,
     ) -> Result<(), String> {
         if rules.len() > RULES_MAX {
             return Err(format!("at most {RULES_MAX} rules"));
@@ -397,6 +416,7 @@ impl Control {
         self.rules[..rules.len()].copy_from_slice(rules);
         self.chunk_bytes.store(chunk_bytes, Ordering::Relaxed);
         self.background_nice = background_nice.clamp(0, 19);
+        self.background_ioprio = u32::from(background_ioprio);
         self.inherit_locks = 1;
         Ok(())
     }
@@ -565,7 +585,7 @@ mod tests {
         let mut block: Box<Control> = zeroed();
         assert!(!block.valid());
         let rules = [Rule::parse("main", Class::Foreground).unwrap()];
-        block.init(&rules, 1 << 20, 10).unwrap();
+        block.init(&rules, 1 << 20, 10, IOPRIO_IDLE).unwrap();
         assert!(block.valid() && !block.is_enabled());
         block.enable(true);
         let info = ThreadInfo {

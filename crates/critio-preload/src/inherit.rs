@@ -135,11 +135,9 @@ fn remove_waiter(tid: i32, c: &Control) -> u64 {
 
 /// Applies a class's kernel priorities to `tid`.
 pub fn apply(tid: i32, class: Class, c: &Control) {
-    const BE0: libc::c_long = 2 << 13;
-    const IDLE: libc::c_long = 3 << 13;
     let (prio, nice) = match class {
-        Class::Foreground => (BE0, 0),
-        Class::Background => (IDLE, c.background_nice),
+        Class::Foreground => (libc::c_long::from(critio_control::ioprio_best_effort(0)), 0),
+        Class::Background => (libc::c_long::from(c.background_ioprio), c.background_nice),
     };
     // SAFETY: ioprio_set and setpriority take integers and change only
     // thread `tid`'s priorities.

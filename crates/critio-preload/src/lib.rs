@@ -11,15 +11,20 @@
 //!        │ yes
 //!        v
 //!  the thread's class (rules; re-checked every 250 ms and after a fork;
-//!  applied as the thread's kernel I/O priority: best-effort 0 / idle)
+//!  applied as the thread's kernel I/O priority: best-effort 0 / the
+//!  background one, idle by default)
 //!        │
 //!        ├─ foreground: the real call, timed into the control block
 //!        │  (histograms, and the window the controller reads)
 //!        └─ background: the real call; a write is counted against its
-//!           file, and each `chunk_bytes` written is paced by the shared
-//!           rate and handed to writeback by the writer itself
-//!           (sync_file_range, at its idle priority, waited for), appended
-//!           data then dropped from the page cache
+//!           file, and each `chunk_bytes` written is
+//!             appended (a dump, a log rewrite): paced by the shared rate
+//!               and handed to writeback by the writer itself
+//!               (sync_file_range, at its background priority, waited for), then
+//!               dropped from the page cache
+//!             in place (a database writing out pages): only started on
+//!               its way to the device, never waited for (the writer may
+//!               hold its own lock over the write)
 //! ```
 //!
 //! Only regular files are looked at (sockets and pipes block for reasons

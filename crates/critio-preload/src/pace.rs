@@ -1,18 +1,30 @@
 //! Background writes, paced and handed to writeback by their writer.
 //!
 //! A background thread's writes are counted per file descriptor. Each time
-//! one descriptor has `chunk_bytes` written, the writer
+//! one descriptor has `chunk_bytes` written, the chunk is either appended
+//! (it reaches the file's end: a dump, a log rewrite) or written in place
+//! (a database writing out pages).
+//!
+//! An appended chunk's writer
 //! 1. waits for its turn on the shared pacing clock (`rate_bytes_per_sec`,
 //!    set by the controller in `critio run`; every background writer of
 //!    the tree shares it; one wait is at most [`PACE_WAIT_MAX_NS`]; none
 //!    while a foreground thread waits for a lock it holds),
 //! 2. writes the range back itself and waits for it (`sync_file_range`
 //!    with WAIT_BEFORE | WRITE | WAIT_AFTER): the I/O carries the writer's
-//!    idle priority, at most one chunk per writer is in flight, and no
+//!    background I/O priority, at most one chunk per writer is in flight, and no
 //!    foreground `fsync` later finds these pages dirty,
-//! 3. drops the range from the page cache (`POSIX_FADV_DONTNEED`) if it
-//!    was appended (it reaches the file's end): a dump or log rewrite is
-//!    not read again; data written in place may be, and stays cached.
+//! 3. drops the range from the page cache (`POSIX_FADV_DONTNEED`): a dump
+//!    or log rewrite is not read again.
+//!
+//! A chunk written in place is only started on its way to the device
+//! (`sync_file_range` with WRITE alone), at the writer's priority, and
+//! nothing waits: a program writes pages out while it holds its own lock
+//! on them (PostgreSQL's checkpointer holds a buffer's content lock and its
+//! I/O-in-progress flag across the `pwrite`), a lock critio cannot see, so
+//! a pacing wait there would make every request that touches that page
+//! wait for the background's pace. Those pages stay cached (they may be
+//! read again).
 
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 
@@ -139,8 +151,33 @@ pub fn hand_off(fd: libc::c_int, c: &Control) {
             (lo, hi) = (pos.saturating_sub(bytes), pos);
         }
     }
-    wait_turn(bytes, c);
     let (off, len) = if lo < hi { (lo, hi - lo) } else { (0, 0) };
+    // SAFETY: `st` is a valid out-pointer; fstat is not interposed.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    let ok = unsafe { libc::fstat(fd, &mut st) } == 0;
+    let size = if ok { st.st_size as u64 } else { u64::MAX };
+    let appended = len > 0 && hi >= size;
+    if !appended {
+        // Written in place: the program may hold its own lock over this
+        // write (a database's buffer lock while it writes the page out), so
+        // nothing here waits: the range is only started on its way to the
+        // device, and the call returns.
+        // SAFETY: sync_file_range takes integers; it is not interposed.
+        let r = unsafe {
+            libc::sync_file_range(
+                fd,
+                off as libc::off64_t,
+                len as libc::off64_t,
+                libc::SYNC_FILE_RANGE_WRITE,
+            )
+        };
+        if r == 0 {
+            c.kicked_chunks.fetch_add(1, Ordering::Relaxed);
+            c.kicked_bytes.fetch_add(bytes, Ordering::Relaxed);
+        }
+        return;
+    }
+    wait_turn(bytes, c);
     let t0 = now_ns();
     // SAFETY: sync_file_range takes integers; it is not interposed.
     let r = unsafe {
@@ -161,12 +198,7 @@ pub fn hand_off(fd: libc::c_int, c: &Control) {
     c.record(Class::Background, Op::Sync, took);
     c.paced_chunks.fetch_add(1, Ordering::Relaxed);
     c.paced_bytes.fetch_add(bytes, Ordering::Relaxed);
-    // SAFETY: `st` is a valid out-pointer; fstat is not interposed.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    let ok = unsafe { libc::fstat(fd, &mut st) } == 0;
-    let size = if ok { st.st_size as u64 } else { u64::MAX };
-    let appended = len > 0 && hi >= size;
-    if appended {
+    {
         // SAFETY: posix_fadvise takes integers; it is not interposed.
         let r = unsafe {
             libc::posix_fadvise(

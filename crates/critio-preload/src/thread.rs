@@ -3,7 +3,7 @@
 //! main thread; cached per thread, re-checked every [`RECHECK_NS`] (a
 //! program may retitle itself after a fork, as PostgreSQL's backends do),
 //! after a fork, and after any thread of the process is renamed. A change is applied as the thread's kernel I/O
-//! priority (best-effort 0 or idle) and CPU nice value (0 or the block's
+//! priority (best-effort 0, or the block's `background_ioprio`) and CPU nice value (0 or the block's
 //! `background_nice`), and logged in the block for `critio run --explain`.
 
 use std::cell::Cell;
