@@ -321,8 +321,10 @@ fn lock_program(dir: &Path) -> Option<std::path::PathBuf> {
     ok.then_some(exe)
 }
 
-#[test]
-fn a_foreground_waiter_lifts_the_pacing_of_the_background_lock_owner() {
+/// The lock program (`tests/run/lock.c`) with `extra` arguments: the
+/// background owner's paced writes end much sooner when the foreground
+/// waiter boosts it, and only then is a boost counted.
+fn owner_is_boosted(extra: &[&str]) {
     let dir = tempfile::tempdir().unwrap();
     let Some(exe) = lock_program(dir.path()) else {
         eprintln!("skipped: no C compiler (cc) to build tests/run/lock.c");
@@ -332,11 +334,9 @@ fn a_foreground_waiter_lifts_the_pacing_of_the_background_lock_owner() {
     // seconds to write 6 MiB unless the waiting main thread boosts it.
     let waited = |inherit: bool| {
         let data = dir.path().join(format!("data-{inherit}"));
-        let (secs, err) = paced_wait(
-            dir.path(),
-            inherit,
-            &[exe.as_os_str(), data.as_os_str(), "6".as_ref()],
-        );
+        let mut args = vec![exe.as_os_str(), data.as_os_str(), "6".as_ref()];
+        args.extend(extra.iter().map(std::ffi::OsStr::new));
+        let (secs, err) = paced_wait(dir.path(), inherit, &args);
         (secs, !err.contains(" 0 lock owners boosted"), err)
     };
     let (without, boosted_without, err) = waited(false);
@@ -351,6 +351,16 @@ fn a_foreground_waiter_lifts_the_pacing_of_the_background_lock_owner() {
         with * 2.0 < without,
         "waited {with} s with inheritance, {without} s without:\n{err}"
     );
+}
+
+#[test]
+fn a_foreground_waiter_lifts_the_pacing_of_the_background_lock_owner() {
+    owner_is_boosted(&[]);
+}
+
+#[test]
+fn a_foreground_reader_lifts_the_pacing_of_the_background_rwlock_writer() {
+    owner_is_boosted(&["rwlock"]);
 }
 
 #[test]

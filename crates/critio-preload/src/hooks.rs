@@ -30,6 +30,10 @@ real_fn!(real_waitpid = "waitpid": fn(libc::pid_t, *mut c_int, c_int) -> libc::p
 real_fn!(real_mutex_lock = "pthread_mutex_lock": fn(*mut libc::pthread_mutex_t) -> c_int);
 real_fn!(real_mutex_trylock = "pthread_mutex_trylock": fn(*mut libc::pthread_mutex_t) -> c_int);
 real_fn!(real_fclose = "fclose": fn(*mut FILE) -> c_int);
+real_fn!(real_rdlock = "pthread_rwlock_rdlock": fn(*mut libc::pthread_rwlock_t) -> c_int);
+real_fn!(real_tryrdlock = "pthread_rwlock_tryrdlock": fn(*mut libc::pthread_rwlock_t) -> c_int);
+real_fn!(real_wrlock = "pthread_rwlock_wrlock": fn(*mut libc::pthread_rwlock_t) -> c_int);
+real_fn!(real_trywrlock = "pthread_rwlock_trywrlock": fn(*mut libc::pthread_rwlock_t) -> c_int);
 
 /// A call the library looks at: the block, the thread's class, the time
 /// the real call started, and the re-entrancy mark.
@@ -356,6 +360,53 @@ pub fn resolve_all() {
         real_mutex_trylock(),
     );
     let _ = (real_prctl(), real_setname(), real_waitpid());
+    let _ = (
+        real_rdlock(),
+        real_tryrdlock(),
+        real_wrlock(),
+        real_trywrlock(),
+    );
+}
+
+/// Takes lock `l` with `lock`; a foreground caller that finds it busy
+/// (`try_lock` fails with EBUSY) boosts the background thread that holds
+/// it (`owner` reads it from the lock; 0: unknown) until it has the lock.
+///
+/// # Safety
+/// `l` is an initialized lock of the kind `lock`, `try_lock` and `owner`
+/// take.
+unsafe fn lock_inheriting<T>(
+    l: *mut T,
+    lock: unsafe extern "C" fn(*mut T) -> c_int,
+    try_lock: Option<unsafe extern "C" fn(*mut T) -> c_int>,
+    owner: unsafe fn(*mut T) -> i32,
+) -> c_int {
+    let Some(c) = control().filter(|c| c.inherit_locks != 0) else {
+        return lock(l);
+    };
+    let Some(_inside) = Inside::enter() else {
+        return lock(l);
+    };
+    let errno = Errno::save();
+    let fg = thread::class(c) == Class::Foreground;
+    errno.restore();
+    if !fg {
+        return lock(l);
+    }
+    if let Some(try_lock) = try_lock {
+        let r = try_lock(l);
+        if r != libc::EBUSY {
+            return r;
+        }
+    }
+    let errno = Errno::save();
+    let boost = crate::inherit::Boost::of(owner(l), libc::gettid(), c);
+    errno.restore();
+    let r = lock(l);
+    let errno = Errno::save();
+    drop(boost);
+    errno.restore();
+    r
 }
 
 /// # Safety
@@ -365,32 +416,31 @@ pub unsafe extern "C" fn pthread_mutex_lock(m: *mut libc::pthread_mutex_t) -> c_
     let Some(real) = real_mutex_lock() else {
         return libc::EINVAL;
     };
-    let Some(c) = control().filter(|c| c.inherit_locks != 0) else {
-        return real(m);
+    lock_inheriting(m, real, real_mutex_trylock(), crate::inherit::owner)
+}
+
+/// # Safety
+/// As `pthread_rwlock_rdlock(3)`: `l` is an initialized read-write lock.
+/// A reader waits only for a writer, whose tid glibc records, so a
+/// foreground reader boosts a background writer.
+#[no_mangle]
+pub unsafe extern "C" fn pthread_rwlock_rdlock(l: *mut libc::pthread_rwlock_t) -> c_int {
+    let Some(real) = real_rdlock() else {
+        return libc::EINVAL;
     };
-    let Some(_inside) = Inside::enter() else {
-        return real(m);
+    lock_inheriting(l, real, real_tryrdlock(), crate::inherit::writer)
+}
+
+/// # Safety
+/// As `pthread_rwlock_wrlock(3)`: `l` is an initialized read-write lock.
+/// A foreground writer boosts a background writer that holds it; readers
+/// are not recorded anywhere, so a lock held for reading boosts nobody.
+#[no_mangle]
+pub unsafe extern "C" fn pthread_rwlock_wrlock(l: *mut libc::pthread_rwlock_t) -> c_int {
+    let Some(real) = real_wrlock() else {
+        return libc::EINVAL;
     };
-    let errno = Errno::save();
-    let fg = thread::class(c) == Class::Foreground;
-    errno.restore();
-    if !fg {
-        return real(m);
-    }
-    if let Some(try_lock) = real_mutex_trylock() {
-        let r = try_lock(m);
-        if r != libc::EBUSY {
-            return r;
-        }
-    }
-    let errno = Errno::save();
-    let boost = crate::inherit::Boost::of(crate::inherit::owner(m), libc::gettid(), c);
-    errno.restore();
-    let r = real(m);
-    let errno = Errno::save();
-    drop(boost);
-    errno.restore();
-    r
+    lock_inheriting(l, real, real_trywrlock(), crate::inherit::writer)
 }
 
 fn renamed() {

@@ -1,12 +1,16 @@
-//! Priority inheritance through `pthread_mutex_lock` (paper 000, Section
-//! 4.2.1, for a program's own locks): a foreground thread that finds a
-//! mutex held by a background thread of its process makes that thread
+//! Priority inheritance through `pthread_mutex_lock` and
+//! `pthread_rwlock_rdlock`/`wrlock` (paper 000, Section 4.2.1, for a
+//! program's own locks): a foreground thread that finds a lock held by a
+//! background thread of its process makes that thread
 //! critical until it gets the lock: the owner's I/O priority becomes
 //! best-effort 0, its CPU nice 0, and its writes go unpaced. When the last
 //! such waiter has the lock, the owner is background again.
 //!
 //! The owner is read from glibc's mutex (`__data.__owner`, the third int,
-//! which glibc keeps for every mutex kind). Threads' classes are kept in a
+//! which glibc keeps for every mutex kind), and from a read-write lock its
+//! writer (`__cur_writer`, the seventh int). Readers are recorded nowhere,
+//! so a lock held for reading boosts nobody: a foreground writer waiting
+//! for background readers waits as before. Threads' classes are kept in a
 //! small process-wide table (`note_class`), since a waiter must know
 //! whether the owner is background.
 //!
@@ -16,7 +20,8 @@
 //! and the boosted set lives in the block so the child sees it.
 //!
 //! Not covered (yet): condition variables (who will signal is recorded
-//! nowhere), read-write locks, process-shared mutexes, pipes, and chains
+//! nowhere), read-write locks held for reading, process-shared mutexes,
+//! pipes, and chains
 //! (an owner itself waiting).
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -164,6 +169,22 @@ pub unsafe fn owner(m: *mut libc::pthread_mutex_t) -> i32 {
     // like the mutex; it is written by other threads, so it is read as an
     // atomic.
     let p = m.cast::<std::sync::atomic::AtomicI32>().add(2);
+    (*p).load(Ordering::Relaxed)
+}
+
+/// The thread holding read-write lock `l` for writing (0: none, or held
+/// for reading: readers are not recorded).
+///
+/// # Safety
+/// `l` points to a live, initialized `pthread_rwlock_t`.
+pub unsafe fn writer(l: *mut libc::pthread_rwlock_t) -> i32 {
+    // SAFETY: glibc's pthread_rwlock_t (x86-64 and the generic 64-bit
+    // layout alike) begins with six unsigned ints (`__readers`,
+    // `__writers`, `__wrphase_futex`, `__writers_futex`, `__pad3`,
+    // `__pad4`) and then `int __cur_writer`, the tid of the write owner;
+    // 4-aligned like the lock, written by other threads, so read as an
+    // atomic.
+    let p = l.cast::<std::sync::atomic::AtomicI32>().add(6);
     (*p).load(Ordering::Relaxed)
 }
 

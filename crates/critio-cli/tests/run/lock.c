@@ -1,6 +1,8 @@
-/* A background thread takes a mutex and, holding it, writes MIB MiB to a
+/* A background thread takes a mutex (or, with a third argument `rwlock`,
+ * a read-write lock for writing) and, holding it, writes MIB MiB to a
  * file (paced by critio run); the main thread (foreground) then waits for
- * the mutex and prints how long it waited, in seconds. */
+ * the lock (for reading, if a read-write lock) and prints how long it
+ * waited, in seconds. */
 #define _GNU_SOURCE
 #include <fcntl.h>
 #include <pthread.h>
@@ -12,6 +14,8 @@
 #include <unistd.h>
 
 static pthread_mutex_t m = PTHREAD_MUTEX_INITIALIZER;
+static pthread_rwlock_t rw = PTHREAD_RWLOCK_INITIALIZER;
+static int use_rw;
 static volatile int held;
 static const char *path;
 static int mib;
@@ -32,7 +36,10 @@ static void *writer(void *arg) {
         perror("writer");
         exit(2);
     }
-    pthread_mutex_lock(&m);
+    if (use_rw)
+        pthread_rwlock_wrlock(&rw);
+    else
+        pthread_mutex_lock(&m);
     held = 1;
     for (int i = 0; i < mib * 16; i++) {
         if (write(fd, buf, sizeof buf) != (ssize_t)sizeof buf) {
@@ -40,27 +47,37 @@ static void *writer(void *arg) {
             exit(2);
         }
     }
-    pthread_mutex_unlock(&m);
+    if (use_rw)
+        pthread_rwlock_unlock(&rw);
+    else
+        pthread_mutex_unlock(&m);
     close(fd);
     return NULL;
 }
 
 int main(int argc, char **argv) {
-    if (argc != 3) {
-        fprintf(stderr, "usage: lock FILE MIB\n");
+    if (argc != 3 && !(argc == 4 && strcmp(argv[3], "rwlock") == 0)) {
+        fprintf(stderr, "usage: lock FILE MIB [rwlock]\n");
         return 2;
     }
     path = argv[1];
     mib = atoi(argv[2]);
+    use_rw = argc == 4;
     pthread_t t;
     pthread_create(&t, NULL, writer, NULL);
     while (!held)
         usleep(1000);
     usleep(50000);
     double t0 = now();
-    pthread_mutex_lock(&m);
+    if (use_rw)
+        pthread_rwlock_rdlock(&rw);
+    else
+        pthread_mutex_lock(&m);
     double waited = now() - t0;
-    pthread_mutex_unlock(&m);
+    if (use_rw)
+        pthread_rwlock_unlock(&rw);
+    else
+        pthread_mutex_unlock(&m);
     pthread_join(t, NULL);
     unlink(path);
     printf("waited %.3f\n", waited);
