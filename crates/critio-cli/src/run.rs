@@ -23,7 +23,7 @@
 //! then the preset's; a thread none matches is background.
 
 use std::ffi::OsString;
-use std::os::unix::process::ExitStatusExt;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -520,11 +520,26 @@ pub fn run(args: RunArgs) -> Result<ExitCode, String> {
         std::os::unix::process::CommandExt::uid(&mut cmd, uid);
         std::os::unix::process::CommandExt::gid(&mut cmd, gid);
     }
+    // The block is complete before the command starts: the child records
+    // its own pid as the root (between fork and exec), and interposition
+    // is on from the command's first instruction, so nothing it does
+    // early (a thread that signals or writes at once) goes unseen.
+    let root = block.ptr as usize;
+    // SAFETY: the closure runs in the child between fork and exec and only
+    // calls getpid and stores into the shared mapping (an atomic, mapped
+    // before the fork, so mapped in the child too): both async-signal-safe.
+    unsafe {
+        cmd.pre_exec(move || {
+            let c = &*(root as *const Control);
+            c.root_pid.store(libc::getpid(), Ordering::Relaxed);
+            Ok(())
+        });
+    }
+    c.enable(!args.disable);
     let mut child = cmd
         .spawn()
         .map_err(|e| format!("cannot run {}: {e}", args.command[0].to_string_lossy()))?;
     c.root_pid.store(child.id() as i32, Ordering::Relaxed);
-    c.enable(!args.disable);
 
     let done = Arc::new(AtomicBool::new(false));
     let usr1 = Arc::new(AtomicBool::new(false));
