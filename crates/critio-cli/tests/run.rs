@@ -322,8 +322,8 @@ fn lock_program(dir: &Path) -> Option<std::path::PathBuf> {
 }
 
 /// The lock program (`tests/run/lock.c`) with `extra` arguments: the
-/// background owner's paced writes end much sooner when the foreground
-/// waiter boosts it, and only then is a boost counted.
+/// background owner's (or signaller's) paced writes end much sooner when
+/// the foreground waiter boosts it, and only then is a boost counted.
 fn owner_is_boosted(extra: &[&str]) {
     let dir = tempfile::tempdir().unwrap();
     let Some(exe) = lock_program(dir.path()) else {
@@ -361,6 +361,11 @@ fn a_foreground_waiter_lifts_the_pacing_of_the_background_lock_owner() {
 #[test]
 fn a_foreground_reader_lifts_the_pacing_of_the_background_rwlock_writer() {
     owner_is_boosted(&["rwlock"]);
+}
+
+#[test]
+fn a_foreground_condvar_waiter_lifts_the_pacing_of_the_background_signaller() {
+    owner_is_boosted(&["cond"]);
 }
 
 #[test]
@@ -471,16 +476,21 @@ fn background_threads_get_the_configured_kernel_io_priority() {
     let dir = tempfile::tempdir().unwrap();
     // A fork child (background under the redis preset) writes a file (so
     // the library classifies it) and then asks ionice for its own priority.
+    // The parent reads the answer from a pipe before it waits for the
+    // child: a foreground waitpid would boost the child (inheritance).
     let script = r#"
 import os, subprocess, sys
+r, w = os.pipe()
 pid = os.fork()
 if pid == 0:
     fd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT, 0o600)
     os.write(fd, b"x")
     os.close(fd)
     out = subprocess.run(["ionice", "-p", str(os.getpid())], capture_output=True, text=True).stdout
-    print(out.strip(), flush=True)
+    os.write(w, out.strip().encode())
     os._exit(0)
+os.close(w)
+print(os.read(r, 256).decode(), flush=True)
 os.waitpid(pid, 0)
 "#;
     let prio = |config: Option<&str>| {

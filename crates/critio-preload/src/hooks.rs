@@ -30,6 +30,11 @@ real_fn!(real_waitpid = "waitpid": fn(libc::pid_t, *mut c_int, c_int) -> libc::p
 real_fn!(real_mutex_lock = "pthread_mutex_lock": fn(*mut libc::pthread_mutex_t) -> c_int);
 real_fn!(real_mutex_trylock = "pthread_mutex_trylock": fn(*mut libc::pthread_mutex_t) -> c_int);
 real_fn!(real_fclose = "fclose": fn(*mut FILE) -> c_int);
+real_fn!(real_cond_signal = "pthread_cond_signal" @ "GLIBC_2.3.2": fn(*mut libc::pthread_cond_t) -> c_int);
+real_fn!(real_cond_broadcast = "pthread_cond_broadcast" @ "GLIBC_2.3.2": fn(*mut libc::pthread_cond_t) -> c_int);
+real_fn!(real_cond_wait = "pthread_cond_wait" @ "GLIBC_2.3.2": fn(*mut libc::pthread_cond_t, *mut libc::pthread_mutex_t) -> c_int);
+real_fn!(real_cond_timedwait = "pthread_cond_timedwait" @ "GLIBC_2.3.2": fn(*mut libc::pthread_cond_t, *mut libc::pthread_mutex_t, *const libc::timespec) -> c_int);
+real_fn!(real_cond_clockwait = "pthread_cond_clockwait": fn(*mut libc::pthread_cond_t, *mut libc::pthread_mutex_t, libc::clockid_t, *const libc::timespec) -> c_int);
 real_fn!(real_rdlock = "pthread_rwlock_rdlock": fn(*mut libc::pthread_rwlock_t) -> c_int);
 real_fn!(real_tryrdlock = "pthread_rwlock_tryrdlock": fn(*mut libc::pthread_rwlock_t) -> c_int);
 real_fn!(real_wrlock = "pthread_rwlock_wrlock": fn(*mut libc::pthread_rwlock_t) -> c_int);
@@ -366,6 +371,13 @@ pub fn resolve_all() {
         real_wrlock(),
         real_trywrlock(),
     );
+    let _ = (
+        real_cond_signal(),
+        real_cond_broadcast(),
+        real_cond_wait(),
+        real_cond_timedwait(),
+        real_cond_clockwait(),
+    );
 }
 
 /// Takes lock `l` with `lock`; a foreground caller that finds it busy
@@ -441,6 +453,111 @@ pub unsafe extern "C" fn pthread_rwlock_wrlock(l: *mut libc::pthread_rwlock_t) -
         return libc::EINVAL;
     };
     lock_inheriting(l, real, real_trywrlock(), crate::inherit::writer)
+}
+
+/// Records the caller as `cond`'s last signaller (if inheritance is on).
+fn signalling(cond: *mut libc::pthread_cond_t) {
+    let Some(c) = control().filter(|c| c.inherit_locks != 0) else {
+        return;
+    };
+    let Some(_inside) = Inside::enter() else {
+        return;
+    };
+    let errno = Errno::save();
+    thread::class(c); // classified, so a waiter can tell it is background
+                      // SAFETY: gettid has no preconditions.
+    crate::inherit::note_signaler(cond, unsafe { libc::gettid() });
+    errno.restore();
+}
+
+/// Runs `wait` on `cond`; a foreground caller boosts the background thread
+/// that last signalled `cond` for as long as it waits.
+fn cond_waiting(cond: *mut libc::pthread_cond_t, wait: impl FnOnce() -> c_int) -> c_int {
+    let Some(c) = control().filter(|c| c.inherit_locks != 0) else {
+        return wait();
+    };
+    let Some(_inside) = Inside::enter() else {
+        return wait();
+    };
+    let errno = Errno::save();
+    let boost = if thread::class(c) == Class::Foreground {
+        // SAFETY: gettid has no preconditions.
+        crate::inherit::Boost::of(crate::inherit::signaler(cond), unsafe { libc::gettid() }, c)
+    } else {
+        None
+    };
+    errno.restore();
+    let r = wait();
+    let errno = Errno::save();
+    drop(boost);
+    errno.restore();
+    r
+}
+
+/// # Safety
+/// As `pthread_cond_signal(3)`.
+#[no_mangle]
+pub unsafe extern "C" fn pthread_cond_signal(cond: *mut libc::pthread_cond_t) -> c_int {
+    let Some(real) = real_cond_signal() else {
+        return libc::EINVAL;
+    };
+    signalling(cond);
+    real(cond)
+}
+
+/// # Safety
+/// As `pthread_cond_broadcast(3)`.
+#[no_mangle]
+pub unsafe extern "C" fn pthread_cond_broadcast(cond: *mut libc::pthread_cond_t) -> c_int {
+    let Some(real) = real_cond_broadcast() else {
+        return libc::EINVAL;
+    };
+    signalling(cond);
+    real(cond)
+}
+
+/// # Safety
+/// As `pthread_cond_wait(3)`: `cond` is initialized and `m` is locked by
+/// the caller.
+#[no_mangle]
+pub unsafe extern "C" fn pthread_cond_wait(
+    cond: *mut libc::pthread_cond_t,
+    m: *mut libc::pthread_mutex_t,
+) -> c_int {
+    let Some(real) = real_cond_wait() else {
+        return libc::EINVAL;
+    };
+    cond_waiting(cond, || real(cond, m))
+}
+
+/// # Safety
+/// As `pthread_cond_timedwait(3)`.
+#[no_mangle]
+pub unsafe extern "C" fn pthread_cond_timedwait(
+    cond: *mut libc::pthread_cond_t,
+    m: *mut libc::pthread_mutex_t,
+    abstime: *const libc::timespec,
+) -> c_int {
+    let Some(real) = real_cond_timedwait() else {
+        return libc::EINVAL;
+    };
+    cond_waiting(cond, || real(cond, m, abstime))
+}
+
+/// # Safety
+/// As `pthread_cond_clockwait(3)` (what C++'s `std::condition_variable`
+/// waits with a timeout call).
+#[no_mangle]
+pub unsafe extern "C" fn pthread_cond_clockwait(
+    cond: *mut libc::pthread_cond_t,
+    m: *mut libc::pthread_mutex_t,
+    clock: libc::clockid_t,
+    abstime: *const libc::timespec,
+) -> c_int {
+    let Some(real) = real_cond_clockwait() else {
+        return libc::EINVAL;
+    };
+    cond_waiting(cond, || real(cond, m, clock, abstime))
 }
 
 fn renamed() {

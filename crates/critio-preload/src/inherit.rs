@@ -14,13 +14,20 @@
 //! small process-wide table (`note_class`), since a waiter must know
 //! whether the owner is background.
 //!
+//! A condition variable records no owner, so a foreground thread that
+//! waits on one boosts the thread that last signalled it (paper 000's
+//! heuristic for condition variables: the thread that signalled before is
+//! the one expected to signal again, as a log writer signals committers).
+//! `pthread_cond_signal` and `pthread_cond_broadcast` are interposed only
+//! to record that thread; the boost lasts the wait.
+//!
 //! The same boost serves a foreground thread that blocks in `waitpid` for
 //! a background child process (its main thread is boosted until the wait
 //! returns); the child's class comes from the block's classification log,
 //! and the boosted set lives in the block so the child sees it.
 //!
-//! Not covered (yet): condition variables (who will signal is recorded
-//! nowhere), read-write locks held for reading, process-shared mutexes,
+//! Not covered (yet): a condition variable nobody has signalled yet,
+//! read-write locks held for reading, process-shared mutexes,
 //! pipes, and chains
 //! (an owner itself waiting).
 
@@ -186,6 +193,41 @@ pub unsafe fn writer(l: *mut libc::pthread_rwlock_t) -> i32 {
     // atomic.
     let p = l.cast::<std::sync::atomic::AtomicI32>().add(6);
     (*p).load(Ordering::Relaxed)
+}
+
+/// The last thread that signalled each condition variable: a direct-mapped
+/// table, `(tag << 22) | tid` per slot, where the slot and the 42-bit tag
+/// both come from a hash of the variable's address (a tid is below 2^22,
+/// the kernel's PID_MAX_LIMIT). A collision overwrites: the table is a
+/// heuristic, like paper 000's helper record, and a wrong entry costs only
+/// a needless boost.
+const COND_SLOTS: usize = 1024;
+static SIGNALERS: [AtomicU64; COND_SLOTS] = [const { AtomicU64::new(0) }; COND_SLOTS];
+const TID_BITS: u32 = 22;
+
+fn cond_hash(cond: *const libc::pthread_cond_t) -> (usize, u64) {
+    let h = (cond as usize as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    let slot = (h >> 54) as usize % COND_SLOTS;
+    let tag = (h & ((1 << (64 - TID_BITS)) - 1)) | 1; // never 0: 0 is an empty slot
+    (slot, tag)
+}
+
+/// `tid` signalled (or broadcast) `cond`.
+pub fn note_signaler(cond: *const libc::pthread_cond_t, tid: i32) {
+    let (slot, tag) = cond_hash(cond);
+    let tid = u64::from(tid as u32) & ((1 << TID_BITS) - 1);
+    SIGNALERS[slot].store((tag << TID_BITS) | tid, Ordering::Relaxed);
+}
+
+/// The last thread that signalled `cond` (0: none recorded).
+pub fn signaler(cond: *const libc::pthread_cond_t) -> i32 {
+    let (slot, tag) = cond_hash(cond);
+    let v = SIGNALERS[slot].load(Ordering::Relaxed);
+    if v >> TID_BITS == tag {
+        (v & ((1 << TID_BITS) - 1)) as i32
+    } else {
+        0
+    }
 }
 
 /// A foreground waiter's boost of a background owner, undone on drop.

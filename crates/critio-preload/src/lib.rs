@@ -4,8 +4,9 @@
 //!
 //! ```text
 //!  program calls write/pwrite/writev/fwrite, read/pread, fsync/fdatasync,
-//!  pthread_mutex_lock, pthread_rwlock_rdlock/wrlock (a foreground waiter
-//!  boosts a background owner: inherit.rs)
+//!  pthread_mutex_lock, pthread_rwlock_rdlock/wrlock, pthread_cond_*wait
+//!  (a foreground waiter boosts a background owner, or the last signaller:
+//!  inherit.rs)
 //!        │
 //!        v  (this library, first in the symbol lookup order)
 //!  control block mapped and enabled? ── no ──> the real call, nothing else

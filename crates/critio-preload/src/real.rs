@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 /// A lazily resolved symbol of the next object in the lookup order.
 pub struct Real {
     name: &'static [u8],
+    version: Option<&'static [u8]>,
     addr: AtomicUsize,
 }
 
@@ -14,6 +15,20 @@ impl Real {
     pub const fn new(name: &'static [u8]) -> Self {
         Self {
             name,
+            version: None,
+            addr: AtomicUsize::new(0),
+        }
+    }
+
+    /// A symbol glibc defines in several versions: `version` (NUL-ended)
+    /// is asked for first (`dlvsym`), since plain `dlsym` may return an
+    /// old one (glibc's condition variables before 2.3.2 are a different
+    /// object); where that version does not exist (other architectures
+    /// start later), the default one.
+    pub const fn versioned(name: &'static [u8], version: &'static [u8]) -> Self {
+        Self {
+            name,
+            version: Some(version),
             addr: AtomicUsize::new(0),
         }
     }
@@ -25,9 +40,25 @@ impl Real {
             return a;
         }
         debug_assert_eq!(self.name.last(), Some(&0));
-        // SAFETY: `name` is a NUL-terminated byte string with static
-        // lifetime; dlsym only reads it.
-        let found = unsafe { libc::dlsym(libc::RTLD_NEXT, self.name.as_ptr().cast()) } as usize;
+        let versioned = self.version.map_or(0, |v| {
+            debug_assert_eq!(v.last(), Some(&0));
+            // SAFETY: `name` and `v` are NUL-terminated byte strings with
+            // static lifetime; dlvsym only reads them.
+            unsafe {
+                libc::dlvsym(
+                    libc::RTLD_NEXT,
+                    self.name.as_ptr().cast(),
+                    v.as_ptr().cast(),
+                ) as usize
+            }
+        });
+        let found = if versioned != 0 {
+            versioned
+        } else {
+            // SAFETY: `name` is a NUL-terminated byte string with static
+            // lifetime; dlsym only reads it.
+            unsafe { libc::dlsym(libc::RTLD_NEXT, self.name.as_ptr().cast()) as usize }
+        };
         self.addr.store(found, Ordering::Relaxed);
         found
     }
@@ -37,8 +68,14 @@ impl Real {
 /// returns it as a typed function pointer.
 macro_rules! real_fn {
     ($vis:vis $name:ident = $sym:literal : fn($($arg:ty),*) -> $ret:ty) => {
+        $crate::real::real_fn!(@ $vis $name, $crate::real::Real::new(concat!($sym, "\0").as_bytes()), fn($($arg),*) -> $ret);
+    };
+    ($vis:vis $name:ident = $sym:literal @ $ver:literal : fn($($arg:ty),*) -> $ret:ty) => {
+        $crate::real::real_fn!(@ $vis $name, $crate::real::Real::versioned(concat!($sym, "\0").as_bytes(), concat!($ver, "\0").as_bytes()), fn($($arg),*) -> $ret);
+    };
+    (@ $vis:vis $name:ident, $real:expr, fn($($arg:ty),*) -> $ret:ty) => {
         $vis fn $name() -> Option<unsafe extern "C" fn($($arg),*) -> $ret> {
-            static R: $crate::real::Real = $crate::real::Real::new(concat!($sym, "\0").as_bytes());
+            static R: $crate::real::Real = $real;
             let a = R.addr();
             if a == 0 {
                 return None;

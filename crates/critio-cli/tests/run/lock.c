@@ -2,7 +2,11 @@
  * a read-write lock for writing) and, holding it, writes MIB MiB to a
  * file (paced by critio run); the main thread (foreground) then waits for
  * the lock (for reading, if a read-write lock) and prints how long it
- * waited, in seconds. */
+ * waited, in seconds.
+ *
+ * With `cond`, nothing is held: the background thread signals a condition
+ * variable once (ready), writes MIB MiB, and signals it again (done); the
+ * main thread waits on the variable for done and prints how long. */
 #define _GNU_SOURCE
 #include <fcntl.h>
 #include <pthread.h>
@@ -15,7 +19,9 @@
 
 static pthread_mutex_t m = PTHREAD_MUTEX_INITIALIZER;
 static pthread_rwlock_t rw = PTHREAD_RWLOCK_INITIALIZER;
-static int use_rw;
+static int use_rw, use_cond;
+static pthread_cond_t cv = PTHREAD_COND_INITIALIZER;
+static int ready, done;
 static volatile int held;
 static const char *path;
 static int mib;
@@ -36,7 +42,12 @@ static void *writer(void *arg) {
         perror("writer");
         exit(2);
     }
-    if (use_rw)
+    if (use_cond) {
+        pthread_mutex_lock(&m);
+        ready = 1;
+        pthread_cond_signal(&cv);
+        pthread_mutex_unlock(&m);
+    } else if (use_rw)
         pthread_rwlock_wrlock(&rw);
     else
         pthread_mutex_lock(&m);
@@ -47,7 +58,12 @@ static void *writer(void *arg) {
             exit(2);
         }
     }
-    if (use_rw)
+    if (use_cond) {
+        pthread_mutex_lock(&m);
+        done = 1;
+        pthread_cond_signal(&cv);
+        pthread_mutex_unlock(&m);
+    } else if (use_rw)
         pthread_rwlock_unlock(&rw);
     else
         pthread_mutex_unlock(&m);
@@ -56,19 +72,31 @@ static void *writer(void *arg) {
 }
 
 int main(int argc, char **argv) {
-    if (argc != 3 && !(argc == 4 && strcmp(argv[3], "rwlock") == 0)) {
-        fprintf(stderr, "usage: lock FILE MIB [rwlock]\n");
+    if (argc != 3 && !(argc == 4 && (strcmp(argv[3], "rwlock") == 0 || strcmp(argv[3], "cond") == 0))) {
+        fprintf(stderr, "usage: lock FILE MIB [rwlock|cond]\n");
         return 2;
     }
     path = argv[1];
     mib = atoi(argv[2]);
-    use_rw = argc == 4;
+    use_rw = argc == 4 && strcmp(argv[3], "rwlock") == 0;
+    use_cond = argc == 4 && strcmp(argv[3], "cond") == 0;
     pthread_t t;
     pthread_create(&t, NULL, writer, NULL);
     while (!held)
         usleep(1000);
     usleep(50000);
     double t0 = now();
+    if (use_cond) {
+        pthread_mutex_lock(&m);
+        while (!done)
+            pthread_cond_wait(&cv, &m);
+        pthread_mutex_unlock(&m);
+        double waited = now() - t0;
+        pthread_join(t, NULL);
+        unlink(path);
+        printf("waited %.3f\n", waited);
+        return 0;
+    }
     if (use_rw)
         pthread_rwlock_rdlock(&rw);
     else
