@@ -753,7 +753,7 @@ fn print_explain(c: &Control) {
     let n = c.n_threads.load(Ordering::Relaxed) as usize;
     if n > critio_control::THREADS_MAX {
         eprintln!(
-            "  ... and {} more (the log keeps the first {})",
+            "  ({} earlier ones not shown: the log keeps the newest {})",
             n - critio_control::THREADS_MAX,
             critio_control::THREADS_MAX
         );

@@ -47,7 +47,8 @@ pub const fn ioprio_best_effort(level: u8) -> u16 {
 pub const RULES_MAX: usize = 16;
 /// Bytes of one rule's pattern.
 pub const PATTERN_MAX: usize = 110;
-/// Threads the classification log holds (later ones are counted, not kept).
+/// Threads the classification log holds: a ring, the newest kept (a
+/// server that forks a process per connection logs without end).
 pub const THREADS_MAX: usize = 4096;
 /// Latency histogram buckets: bucket `i` holds [2^i, 2^(i+1)) ns.
 pub const BUCKETS: usize = 40;
@@ -445,8 +446,10 @@ impl Control {
         }
     }
 
-    /// Logs a thread's classification (dropped past [`THREADS_MAX`]); no
-    /// allocation, so a preloaded library may call it anywhere.
+    /// Logs a thread's classification (past [`THREADS_MAX`] over the
+    /// oldest record); no allocation, so a preloaded library may call it
+    /// anywhere. A record is marked unfinished (class 0) while it is
+    /// rewritten, so readers skip it.
     pub fn log_thread(
         &self,
         pid: i32,
@@ -456,10 +459,10 @@ impl Control {
         name: &[u8],
         title: &[u8],
     ) {
-        let i = self.n_threads.fetch_add(1, Ordering::Relaxed) as usize;
-        let Some(rec) = self.threads.get(i) else {
-            return;
-        };
+        let i = self.n_threads.fetch_add(1, Ordering::Relaxed) as usize % THREADS_MAX;
+        let rec = &self.threads[i];
+        rec.class.store(0, Ordering::Relaxed);
+        std::sync::atomic::fence(Ordering::Release);
         rec.pid.store(pid, Ordering::Relaxed);
         rec.tid.store(tid, Ordering::Relaxed);
         rec.rule
@@ -469,22 +472,24 @@ impl Control {
         rec.class.store(class as u32, Ordering::Release);
     }
 
+    /// The records kept, oldest first.
+    fn kept(&self) -> impl DoubleEndedIterator<Item = &ThreadRec> {
+        let n = self.n_threads.load(Ordering::Acquire) as usize;
+        (n.saturating_sub(THREADS_MAX)..n).map(|i| &self.threads[i % THREADS_MAX])
+    }
+
     /// The class `tid` was last logged with, if any (a scan of the log,
     /// newest first; no allocation).
     pub fn logged_class(&self, tid: i32) -> Option<Class> {
-        let n = (self.n_threads.load(Ordering::Acquire) as usize).min(THREADS_MAX);
-        self.threads[..n]
-            .iter()
+        self.kept()
             .rev()
             .find(|r| r.tid.load(Ordering::Relaxed) == tid)
             .and_then(|r| Class::from_u32(r.class.load(Ordering::Acquire)))
     }
 
-    /// The classification log, in order.
+    /// The classification log kept, oldest first.
     pub fn threads(&self) -> Vec<ThreadInfo> {
-        let n = (self.n_threads.load(Ordering::Acquire) as usize).min(THREADS_MAX);
-        self.threads[..n]
-            .iter()
+        self.kept()
             .filter_map(|rec| {
                 let class = Class::from_u32(rec.class.load(Ordering::Acquire))?;
                 let rule = rec.rule.load(Ordering::Relaxed);
@@ -615,6 +620,35 @@ mod tests {
             Some(2048)
         );
         assert_eq!(quantile(&[0; BUCKETS], 0.5), None);
+    }
+
+    #[test]
+    fn the_thread_log_keeps_the_newest_past_its_size() {
+        let mut block: Box<Control> = zeroed();
+        let rules = [Rule::parse("main", Class::Foreground).unwrap()];
+        block.init(&rules, 1 << 20, 10, IOPRIO_IDLE).unwrap();
+        let total = THREADS_MAX + 10;
+        for tid in 1..=total as i32 {
+            let class = if tid % 2 == 0 {
+                Class::Foreground
+            } else {
+                Class::Background
+            };
+            block.log_thread(tid, tid, class, None, b"t", b"title");
+        }
+        let kept = block.threads();
+        assert_eq!(kept.len(), THREADS_MAX);
+        assert_eq!(kept[0].tid, 11, "the oldest ten were overwritten");
+        assert_eq!(kept.last().unwrap().tid, total as i32);
+        assert_eq!(block.logged_class(total as i32), Some(Class::Foreground));
+        assert_eq!(
+            block.logged_class(total as i32 - 1),
+            Some(Class::Background)
+        );
+        assert_eq!(block.logged_class(3), None, "overwritten");
+        // A tid logged again (a retitled process) reads as its newest class.
+        block.log_thread(11, 11, Class::Foreground, Some(0), b"t", b"title");
+        assert_eq!(block.logged_class(11), Some(Class::Foreground));
     }
 
     /// A zeroed block on the heap, as a fresh mapping gives it.
