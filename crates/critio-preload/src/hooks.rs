@@ -41,7 +41,7 @@ real_fn!(real_wrlock = "pthread_rwlock_wrlock": fn(*mut libc::pthread_rwlock_t) 
 real_fn!(real_trywrlock = "pthread_rwlock_trywrlock": fn(*mut libc::pthread_rwlock_t) -> c_int);
 
 /// A call the library looks at: the block, the thread's class, the time
-/// the real call started, and the re-entrancy mark.
+/// the real call started (0: not timed), and the re-entrancy mark.
 struct Call {
     c: &'static Control,
     class: Class,
@@ -51,6 +51,17 @@ struct Call {
 
 /// Starts looking at a call on `fd` (None: pass it straight through).
 fn begin(fd: c_int) -> Option<Call> {
+    begin_call(fd, true)
+}
+
+/// As [`begin`], for a call that is not timed: a buffered `fwrite` copies
+/// into the stream's buffer, so its time says nothing about I/O (and three
+/// clock reads would cost it several times the copy).
+fn begin_untimed(fd: c_int) -> Option<Call> {
+    begin_call(fd, false)
+}
+
+fn begin_call(fd: c_int, timed: bool) -> Option<Call> {
     let c = control()?;
     let inside = Inside::enter()?;
     let errno = Errno::save();
@@ -61,7 +72,7 @@ fn begin(fd: c_int) -> Option<Call> {
     Some(Call {
         c,
         class,
-        t0: now_ns(),
+        t0: if timed { now_ns() } else { 0 },
         _inside: inside,
     })
 }
@@ -73,8 +84,10 @@ impl Call {
     /// empties a stdio buffer).
     fn end(self, op: Op, fd: c_int, written: Option<(u64, Position)>, flush: Option<*mut FILE>) {
         let errno = Errno::save();
-        let took = now_ns() - self.t0;
-        self.c.record(self.class, op, took);
+        if self.t0 != 0 {
+            let took = now_ns() - self.t0;
+            self.c.record(self.class, op, took);
+        }
         if self.class == Class::Background {
             if let Some((n, at)) = written.filter(|w| w.0 > 0) {
                 if pace::written(fd, n, at, self.c) {
@@ -207,7 +220,7 @@ pub unsafe extern "C" fn fwrite(
         let errno = Errno::save();
         let fd = libc::fileno(stream);
         errno.restore();
-        begin(fd)
+        begin_untimed(fd)
     } else {
         None
     };

@@ -11,7 +11,7 @@ use std::sync::atomic::Ordering;
 
 use critio_control::{classify, Class, Control, ThreadView};
 
-use crate::{now_ns, FORK_GEN};
+use crate::{now_coarse_ns, FORK_GEN};
 
 /// Thread renames seen in this process (`prctl(PR_SET_NAME)`,
 /// `pthread_setname_np`): a rename makes every thread re-check its class,
@@ -49,7 +49,7 @@ impl Drop for Inside {
 /// The calling thread's class, (re)deciding it when due.
 pub fn class(c: &Control) -> Class {
     let gen = FORK_GEN.load(Ordering::Relaxed) << 32 | NAME_GEN.load(Ordering::Relaxed);
-    let now = now_ns();
+    let now = now_coarse_ns();
     let cached = CLASS.with(Cell::get);
     if cached != 0
         && GEN.with(Cell::get) == gen
