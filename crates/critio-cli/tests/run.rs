@@ -539,3 +539,48 @@ os.waitpid(pid, 0)
         "{err}"
     );
 }
+
+/// The interposition's cost on a background `fwrite` of 10 bytes, bare and
+/// under `critio run` (a measurement, not a check; run with
+/// `cargo test --release -p critio-cli --test run -- --ignored --nocapture fwrite_cost`).
+#[test]
+#[ignore]
+fn fwrite_cost() {
+    let dir = tempfile::tempdir().unwrap();
+    let exe = dir.path().join("fwrite");
+    let src = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/run/fwrite.c");
+    let ok = Command::new("cc")
+        .args(["-O2", "-pthread", "-o"])
+        .arg(&exe)
+        .arg(src)
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok {
+        eprintln!("skipped: no C compiler (cc)");
+        return;
+    }
+    let out = dir.path().join("out");
+    let ns = |wrapped: bool| -> f64 {
+        let mut cmd = if wrapped {
+            let mut c = Command::new(CRITIO);
+            c.args(["run", "--foreground", "main", "--no-pace", "--"]);
+            c.arg(&exe);
+            c
+        } else {
+            Command::new(&exe)
+        };
+        let o = cmd.arg(&out).arg("20000000").output().unwrap();
+        let (text, err) = text(&o);
+        assert!(o.status.success(), "{text}\n{err}");
+        text.trim()
+            .strip_prefix("ns/fwrite ")
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    let (bare, wrapped) = (ns(false), ns(true));
+    println!(
+        "background fwrite of 10 bytes: {bare:.1} ns bare, {wrapped:.1} ns under critio run ({:.2}x)",
+        wrapped / bare
+    );
+}
