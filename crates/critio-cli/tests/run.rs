@@ -369,6 +369,12 @@ fn a_foreground_condvar_waiter_lifts_the_pacing_of_the_background_signaller() {
 }
 
 #[test]
+fn a_boost_follows_a_chain_of_background_lock_owners() {
+    // main waits for bg-mid's mutex; bg-mid waits for the paced writer's.
+    owner_is_boosted(&["chain"]);
+}
+
+#[test]
 fn a_foreground_waitpid_lifts_the_pacing_of_the_background_child() {
     let Some(py) = python() else {
         eprintln!("skipped: no python3");

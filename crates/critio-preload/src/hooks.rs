@@ -393,9 +393,39 @@ pub fn resolve_all() {
     );
 }
 
-/// Takes lock `l` with `lock`; a foreground caller that finds it busy
-/// (`try_lock` fails with EBUSY) boosts the background thread that holds
-/// it (`owner` reads it from the lock; 0: unknown) until it has the lock.
+/// A thread about to block until `owner` lets it go: records the wait (so
+/// a boost of this thread follows on to `owner`) and, if the thread is
+/// critical (foreground, or boosted itself: a chain), boosts `owner` and
+/// whatever `owner` waits for. Call [`Blocked::end`] when the wait is over.
+struct Blocked {
+    me: i32,
+    boost: Option<crate::inherit::Boost<'static>>,
+}
+
+impl Blocked {
+    fn start(c: &'static Control, owner: i32) -> Blocked {
+        // SAFETY: gettid has no preconditions.
+        let me = unsafe { libc::gettid() };
+        crate::inherit::note_wait(me, owner);
+        let critical = thread::class(c) == Class::Foreground || crate::inherit::boosted(me, c);
+        let boost = if critical {
+            crate::inherit::Boost::of(owner, me, c)
+        } else {
+            None
+        };
+        Blocked { me, boost }
+    }
+
+    fn end(self) {
+        crate::inherit::note_wait(self.me, 0);
+        drop(self.boost);
+    }
+}
+
+/// Takes lock `l` with `lock`; a caller that finds it busy (`try_lock`
+/// fails with EBUSY) records whom it waits for (`owner` reads it from the
+/// lock; 0: unknown) and, if critical, boosts that thread until it has the
+/// lock (see [`Blocked`]).
 ///
 /// # Safety
 /// `l` is an initialized lock of the kind `lock`, `try_lock` and `owner`
@@ -412,12 +442,6 @@ unsafe fn lock_inheriting<T>(
     let Some(_inside) = Inside::enter() else {
         return lock(l);
     };
-    let errno = Errno::save();
-    let fg = thread::class(c) == Class::Foreground;
-    errno.restore();
-    if !fg {
-        return lock(l);
-    }
     if let Some(try_lock) = try_lock {
         let r = try_lock(l);
         if r != libc::EBUSY {
@@ -425,11 +449,11 @@ unsafe fn lock_inheriting<T>(
         }
     }
     let errno = Errno::save();
-    let boost = crate::inherit::Boost::of(owner(l), libc::gettid(), c);
+    let blocked = Blocked::start(c, owner(l));
     errno.restore();
     let r = lock(l);
     let errno = Errno::save();
-    drop(boost);
+    blocked.end();
     errno.restore();
     r
 }
@@ -483,8 +507,8 @@ fn signalling(cond: *mut libc::pthread_cond_t) {
     errno.restore();
 }
 
-/// Runs `wait` on `cond`; a foreground caller boosts the background thread
-/// that last signalled `cond` for as long as it waits.
+/// Runs `wait` on `cond`: the caller waits for the thread that last
+/// signalled `cond`, which it boosts if critical (see [`Blocked`]).
 fn cond_waiting(cond: *mut libc::pthread_cond_t, wait: impl FnOnce() -> c_int) -> c_int {
     let Some(c) = control().filter(|c| c.inherit_locks != 0) else {
         return wait();
@@ -493,16 +517,11 @@ fn cond_waiting(cond: *mut libc::pthread_cond_t, wait: impl FnOnce() -> c_int) -
         return wait();
     };
     let errno = Errno::save();
-    let boost = if thread::class(c) == Class::Foreground {
-        // SAFETY: gettid has no preconditions.
-        crate::inherit::Boost::of(crate::inherit::signaler(cond), unsafe { libc::gettid() }, c)
-    } else {
-        None
-    };
+    let blocked = Blocked::start(c, crate::inherit::signaler(cond));
     errno.restore();
     let r = wait();
     let errno = Errno::save();
-    drop(boost);
+    blocked.end();
     errno.restore();
     r
 }
@@ -639,16 +658,11 @@ pub unsafe extern "C" fn waitpid(
         return real(pid, status, options);
     };
     let errno = Errno::save();
-    let fg = thread::class(c) == Class::Foreground;
-    let boost = if fg {
-        crate::inherit::Boost::of(pid, libc::gettid(), c)
-    } else {
-        None
-    };
+    let blocked = Blocked::start(c, pid);
     errno.restore();
     let r = real(pid, status, options);
     let errno = Errno::save();
-    drop(boost);
+    blocked.end();
     errno.restore();
     r
 }

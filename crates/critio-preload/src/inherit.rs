@@ -26,10 +26,17 @@
 //! returns); the child's class comes from the block's classification log,
 //! and the boosted set lives in the block so the child sees it.
 //!
+//! Chains: every thread that blocks in an interposed wait with a known
+//! owner records whom it waits for (`note_wait`, whatever its class), and
+//! a boost follows those records up to [`CHAIN_MAX`] threads, boosting
+//! each background one (foreground waits for bg-mid's lock, bg-mid waits
+//! for the writer's: both are boosted). A boosted thread that starts a wait
+//! boosts its owner itself. The records are per process, so a chain
+//! through a child process ends at the child.
+//!
 //! Not covered (yet): a condition variable nobody has signalled yet,
-//! read-write locks held for reading, process-shared mutexes,
-//! pipes, and chains
-//! (an owner itself waiting).
+//! read-write locks held for reading, process-shared mutexes, pipes, and
+//! chains across processes.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -230,35 +237,82 @@ pub fn signaler(cond: *const libc::pthread_cond_t) -> i32 {
     }
 }
 
-/// A foreground waiter's boost of a background owner, undone on drop.
+/// Who each blocked thread of this process waits for, so that a boost
+/// follows a chain: `(tid << 32) | owner` per slot, direct-mapped by tid (a
+/// collision loses one link of a chain, never correctness). Set by every
+/// thread that blocks in an interposed wait with a known owner (a lock's
+/// owner, a condition variable's last signaller, a child), whatever its
+/// class, and cleared when the wait ends.
+const WAIT_SLOTS: usize = 1024;
+static WAITS: [AtomicU64; WAIT_SLOTS] = [const { AtomicU64::new(0) }; WAIT_SLOTS];
+
+/// `tid` blocks until `owner` lets it go (0: the wait ended).
+pub fn note_wait(tid: i32, owner: i32) {
+    let v = if owner > 0 {
+        (u64::from(tid as u32) << 32) | u64::from(owner as u32)
+    } else {
+        0
+    };
+    WAITS[home(tid, WAIT_SLOTS)].store(v, Ordering::Relaxed);
+}
+
+/// Whom `tid` waits for now (0: nobody known).
+pub fn waiting_for(tid: i32) -> i32 {
+    let v = WAITS[home(tid, WAIT_SLOTS)].load(Ordering::Relaxed);
+    if (v >> 32) as u32 == tid as u32 {
+        (v & 0xffff_ffff) as i32
+    } else {
+        0
+    }
+}
+
+/// The most threads one boost follows along a chain.
+pub const CHAIN_MAX: usize = 4;
+
+/// A waiter's boost of a background owner and, along the chain, of the
+/// background threads that owner itself waits for; undone on drop.
 pub struct Boost<'a> {
-    tid: i32,
+    tids: [i32; CHAIN_MAX],
+    n: usize,
     c: &'a Control,
 }
 
 impl<'a> Boost<'a> {
-    /// Boosts `owner` if it is a background thread (None otherwise).
+    /// Boosts `owner` if it is a background thread, and the background
+    /// threads it waits for in turn, up to [`CHAIN_MAX`] (None: nobody).
     pub fn of(owner: i32, me: i32, c: &'a Control) -> Option<Boost<'a>> {
-        if owner <= 0 || owner == me || class_of_any(owner, c) != Some(Class::Background) {
-            return None;
+        let mut b = Boost {
+            tids: [0; CHAIN_MAX],
+            n: 0,
+            c,
+        };
+        let mut cur = owner;
+        for _ in 0..CHAIN_MAX {
+            if cur <= 0 || cur == me || b.tids[..b.n].contains(&cur) {
+                break; // the chain ends, or loops back
+            }
+            if class_of_any(cur, c) == Some(Class::Background) && add_waiter(cur, c) {
+                apply(cur, Class::Foreground, c);
+                c.boosts.fetch_add(1, Ordering::Relaxed);
+                b.tids[b.n] = cur;
+                b.n += 1;
+            }
+            cur = waiting_for(cur);
         }
-        if !add_waiter(owner, c) {
-            return None;
-        }
-        apply(owner, Class::Foreground, c);
-        c.boosts.fetch_add(1, Ordering::Relaxed);
-        Some(Boost { tid: owner, c })
+        (b.n > 0).then_some(b)
     }
 }
 
 impl Drop for Boost<'_> {
     fn drop(&mut self) {
-        let bg = class_of_any(self.tid, self.c) == Some(Class::Background);
-        if remove_waiter(self.tid, self.c) == 0 && bg {
-            apply(self.tid, Class::Background, self.c);
-            // A waiter that boosted it meanwhile keeps it foreground.
-            if boosted(self.tid, self.c) {
-                apply(self.tid, Class::Foreground, self.c);
+        for &tid in &self.tids[..self.n] {
+            let bg = class_of_any(tid, self.c) == Some(Class::Background);
+            if remove_waiter(tid, self.c) == 0 && bg {
+                apply(tid, Class::Background, self.c);
+                // A waiter that boosted it meanwhile keeps it foreground.
+                if boosted(tid, self.c) {
+                    apply(tid, Class::Foreground, self.c);
+                }
             }
         }
     }

@@ -6,7 +6,11 @@
  *
  * With `cond`, nothing is held: the background thread signals a condition
  * variable once (ready), writes MIB MiB, and signals it again (done); the
- * main thread waits on the variable for done and prints how long. */
+ * main thread waits on the variable for done and prints how long.
+ *
+ * With `chain`, a second background thread ("bg-mid") takes a mutex m1
+ * and then waits for the writer's mutex; the main thread waits for m1: it
+ * waits for the writer only through bg-mid. */
 #define _GNU_SOURCE
 #include <fcntl.h>
 #include <pthread.h>
@@ -19,7 +23,9 @@
 
 static pthread_mutex_t m = PTHREAD_MUTEX_INITIALIZER;
 static pthread_rwlock_t rw = PTHREAD_RWLOCK_INITIALIZER;
-static int use_rw, use_cond;
+static int use_rw, use_cond, use_chain;
+static pthread_mutex_t m1 = PTHREAD_MUTEX_INITIALIZER;
+static volatile int mid_held;
 static pthread_cond_t cv = PTHREAD_COND_INITIALIZER;
 static int ready, done;
 static volatile int held;
@@ -71,19 +77,59 @@ static void *writer(void *arg) {
     return NULL;
 }
 
+static void *mid(void *arg) {
+    (void)arg;
+    prctl(PR_SET_NAME, "bg-mid");
+    char p[4096];
+    snprintf(p, sizeof p, "%s.mid", path);
+    int fd = open(p, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    if (fd < 0 || write(fd, "x", 1) != 1) { /* classified: background */
+        perror("mid");
+        exit(2);
+    }
+    close(fd);
+    unlink(p);
+    while (!held)
+        usleep(1000);
+    pthread_mutex_lock(&m1);
+    mid_held = 1;
+    pthread_mutex_lock(&m); /* blocks: the writer holds it */
+    pthread_mutex_unlock(&m);
+    pthread_mutex_unlock(&m1);
+    return NULL;
+}
+
 int main(int argc, char **argv) {
-    if (argc != 3 && !(argc == 4 && (strcmp(argv[3], "rwlock") == 0 || strcmp(argv[3], "cond") == 0))) {
-        fprintf(stderr, "usage: lock FILE MIB [rwlock|cond]\n");
+    if (argc != 3 && !(argc == 4 && (strcmp(argv[3], "rwlock") == 0 || strcmp(argv[3], "cond") == 0 ||
+                                     strcmp(argv[3], "chain") == 0))) {
+        fprintf(stderr, "usage: lock FILE MIB [rwlock|cond|chain]\n");
         return 2;
     }
     path = argv[1];
     mib = atoi(argv[2]);
     use_rw = argc == 4 && strcmp(argv[3], "rwlock") == 0;
     use_cond = argc == 4 && strcmp(argv[3], "cond") == 0;
+    use_chain = argc == 4 && strcmp(argv[3], "chain") == 0;
     pthread_t t;
     pthread_create(&t, NULL, writer, NULL);
     while (!held)
         usleep(1000);
+    if (use_chain) {
+        pthread_t t2;
+        pthread_create(&t2, NULL, mid, NULL);
+        while (!mid_held)
+            usleep(1000);
+        usleep(50000); /* bg-mid is blocked on the writer's mutex by now */
+        double t0 = now();
+        pthread_mutex_lock(&m1);
+        double waited = now() - t0;
+        pthread_mutex_unlock(&m1);
+        pthread_join(t2, NULL);
+        pthread_join(t, NULL);
+        unlink(path);
+        printf("waited %.3f\n", waited);
+        return 0;
+    }
     usleep(50000);
     double t0 = now();
     if (use_cond) {
