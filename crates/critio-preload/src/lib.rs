@@ -17,7 +17,8 @@
 //!  background one, idle by default)
 //!        │
 //!        ├─ foreground: the real call, timed into the control block
-//!        │  (histograms, and the window the controller reads)
+//!        │  (histograms, and the window the controller reads; fwrite, a
+//!        │  copy into a stdio buffer, is not timed)
 //!        └─ background: the real call; a write is counted against its
 //!           file, and each `chunk_bytes` written is
 //!             appended (a dump, a log rewrite): paced by the shared rate
