@@ -395,37 +395,60 @@ pub fn resolve_all() {
 
 /// A thread about to block until `owner` lets it go: records the wait (so
 /// a boost of this thread follows on to `owner`) and, if the thread is
-/// critical (foreground, or boosted itself: a chain), boosts `owner` and
-/// whatever `owner` waits for. Call [`Blocked::end`] when the wait is over.
+/// foreground, boosts `owner` and whatever `owner` waits for. Only a
+/// foreground thread starts a boost: a background thread that is boosted
+/// when it starts a wait would keep its owner boosted for the whole wait,
+/// long after its own boost ended (an idle worker waiting on a condition
+/// variable may wait forever); a chain that exists when a foreground
+/// thread starts waiting is followed by the boost's walk instead.
+///
+/// The state lives in a thread-local until [`Blocked::end`]: a thread
+/// cancelled in a wait (`pthread_cond_wait` and `waitpid` are cancellation
+/// points) never returns to the hook, and the thread-local's destructor then
+/// undoes the boost at thread exit.
 struct Blocked {
     me: i32,
-    boost: Option<crate::inherit::Boost<'static>>,
+    /// Held for its drop: the boosted threads are background again.
+    _boost: Option<crate::inherit::Boost<'static>>,
+}
+
+thread_local! {
+    static BLOCKED: std::cell::RefCell<Option<Blocked>> = const { std::cell::RefCell::new(None) };
 }
 
 impl Blocked {
-    fn start(c: &'static Control, owner: i32) -> Blocked {
+    fn start(c: &'static Control, owner: i32) {
         // SAFETY: gettid has no preconditions.
         let me = unsafe { libc::gettid() };
         crate::inherit::note_wait(me, owner);
-        let critical = thread::class(c) == Class::Foreground || crate::inherit::boosted(me, c);
-        let boost = if critical {
+        let boost = if thread::class(c) == Class::Foreground {
             crate::inherit::Boost::of(owner, me, c)
         } else {
             None
         };
-        Blocked { me, boost }
+        let b = Blocked { me, _boost: boost };
+        // A thread already tearing down its thread-locals: no record kept
+        // (the wait is not boosted past this point).
+        let _ = BLOCKED.try_with(|slot| *slot.borrow_mut() = Some(b));
     }
 
-    fn end(self) {
+    /// The wait is over: the record and the boost end.
+    fn end() {
+        let _ = BLOCKED.try_with(|slot| slot.borrow_mut().take());
+    }
+}
+
+impl Drop for Blocked {
+    fn drop(&mut self) {
         crate::inherit::note_wait(self.me, 0);
-        drop(self.boost);
+        // `_boost` is dropped next: its owners are background again.
     }
 }
 
 /// Takes lock `l` with `lock`; a caller that finds it busy (`try_lock`
 /// fails with EBUSY) records whom it waits for (`owner` reads it from the
-/// lock; 0: unknown) and, if critical, boosts that thread until it has the
-/// lock (see [`Blocked`]).
+/// lock; 0: unknown) and, if foreground, boosts that thread until it has
+/// the lock (see [`Blocked`]).
 ///
 /// # Safety
 /// `l` is an initialized lock of the kind `lock`, `try_lock` and `owner`
@@ -449,11 +472,11 @@ unsafe fn lock_inheriting<T>(
         }
     }
     let errno = Errno::save();
-    let blocked = Blocked::start(c, owner(l));
+    Blocked::start(c, owner(l));
     errno.restore();
     let r = lock(l);
     let errno = Errno::save();
-    blocked.end();
+    Blocked::end();
     errno.restore();
     r
 }
@@ -508,7 +531,7 @@ fn signalling(cond: *mut libc::pthread_cond_t) {
 }
 
 /// Runs `wait` on `cond`: the caller waits for the thread that last
-/// signalled `cond`, which it boosts if critical (see [`Blocked`]).
+/// signalled `cond`, which it boosts if foreground (see [`Blocked`]).
 fn cond_waiting(cond: *mut libc::pthread_cond_t, wait: impl FnOnce() -> c_int) -> c_int {
     let Some(c) = control().filter(|c| c.inherit_locks != 0) else {
         return wait();
@@ -517,11 +540,11 @@ fn cond_waiting(cond: *mut libc::pthread_cond_t, wait: impl FnOnce() -> c_int) -
         return wait();
     };
     let errno = Errno::save();
-    let blocked = Blocked::start(c, crate::inherit::signaler(cond));
+    Blocked::start(c, crate::inherit::signaler(cond));
     errno.restore();
     let r = wait();
     let errno = Errno::save();
-    blocked.end();
+    Blocked::end();
     errno.restore();
     r
 }
@@ -658,11 +681,11 @@ pub unsafe extern "C" fn waitpid(
         return real(pid, status, options);
     };
     let errno = Errno::save();
-    let blocked = Blocked::start(c, pid);
+    Blocked::start(c, pid);
     errno.restore();
     let r = real(pid, status, options);
     let errno = Errno::save();
-    blocked.end();
+    Blocked::end();
     errno.restore();
     r
 }
