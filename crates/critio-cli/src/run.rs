@@ -128,7 +128,7 @@ impl Preset {
     /// that write. In the idle class the write waits behind every backend's
     /// I/O, so the backend does too: paper 000's priority inversion, and
     /// `critio bench run-postgres` measured it (p99.9 0.39x stock in the
-    /// idle class, 1.12x in best-effort 7).
+    /// idle class, 1.16x lower than stock in best-effort 7).
     fn background_ioprio(self) -> BackgroundIoprio {
         match self {
             Preset::Redis => BackgroundIoprio::Idle,
@@ -216,8 +216,11 @@ pub struct RunConfig {
     /// best-effort-7 for PostgreSQL, whose background writers hold locks
     /// requests wait for), else idle.
     pub background_ioprio: Option<String>,
-    /// A foreground thread that waits for a `pthread_mutex` a background
-    /// thread holds boosts that thread until it has the lock. Default true.
+    /// A foreground thread that waits for a background thread (a
+    /// `pthread_mutex` or write-held `pthread_rwlock` it holds, a
+    /// `pthread_cond` it signalled last, a child in `waitpid`) boosts it,
+    /// and the background threads it waits for in turn, until the wait
+    /// ends. Default true.
     pub inherit_locks: bool,
 }
 

@@ -369,6 +369,37 @@ fn a_foreground_condvar_waiter_lifts_the_pacing_of_the_background_signaller() {
 }
 
 #[test]
+fn a_waiter_cancelled_in_its_wait_leaves_no_boost_behind() {
+    let dir = tempfile::tempdir().unwrap();
+    let exe = dir.path().join("cancel");
+    let src = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/run/cancel.c");
+    let ok = Command::new("cc")
+        .args(["-O1", "-pthread", "-o"])
+        .arg(&exe)
+        .arg(src)
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok {
+        eprintln!("skipped: no C compiler (cc) to build tests/run/cancel.c");
+        return;
+    }
+    let o = Command::new(CRITIO)
+        .args(["run", "--foreground", "thread=fg-waiter", "--stats", "--"])
+        .arg(&exe)
+        .arg(dir.path().join("f"))
+        .output()
+        .unwrap();
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{out}\n{err}");
+    // ioprio values: best-effort 0 is 2 << 13, idle 3 << 13.
+    assert_eq!(
+        out.trim(),
+        format!("during {} after {}", 2 << 13, 3 << 13),
+        "the signaller is boosted while the waiter waits, and background again once it was cancelled:\n{err}"
+    );
+}
+
+#[test]
 fn a_boost_follows_a_chain_of_background_lock_owners() {
     // main waits for bg-mid's mutex; bg-mid waits for the paced writer's.
     owner_is_boosted(&["chain"]);

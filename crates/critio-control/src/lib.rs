@@ -32,7 +32,7 @@ use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering};
 /// "critioRN": a mapped block starts with it.
 pub const MAGIC: u64 = 0x4e52_6f69_7469_7263;
 /// The layout's version.
-pub const VERSION: u32 = 2;
+pub const VERSION: u32 = 3;
 /// The kernel's idle I/O class (`ionice -c3`): served only when no other
 /// class has I/O pending.
 pub const IOPRIO_IDLE: u16 = 3 << 13;
@@ -261,11 +261,14 @@ pub fn bucket(ns: u64) -> usize {
 /// One thread as classified, in the log `--explain` prints.
 #[repr(C)]
 pub struct ThreadRec {
+    /// Odd while the record is being rewritten: a reader that sees the same
+    /// even value before and after reading it read one whole record.
+    seq: AtomicU32,
     /// Its process.
     pub pid: AtomicI32,
     /// Its thread id.
     pub tid: AtomicI32,
-    /// Its class (`Class as u32`); 0 while the record is being written.
+    /// Its class (`Class as u32`; 0 in a record never written).
     pub class: AtomicU32,
     /// The deciding rule's index + 1 (0: the default).
     pub rule: AtomicU32,
@@ -329,8 +332,10 @@ pub struct Control {
     /// The kernel I/O priority a background thread gets (`ioprio_set`'s
     /// value: [`IOPRIO_IDLE`] or [`ioprio_best_effort`]).
     pub background_ioprio: u32,
-    /// 1: a foreground thread waiting for a `pthread_mutex` held by a
-    /// background thread boosts it (0: off).
+    /// 1: a foreground thread waiting for a background thread (a
+    /// `pthread_mutex` or write-held `pthread_rwlock` it holds, a
+    /// `pthread_cond` it signalled last, a child in `waitpid`) boosts it
+    /// and the background threads it waits for in turn (0: off).
     pub inherit_locks: u32,
     /// The rules, in order.
     pub rules: [Rule; RULES_MAX],
@@ -369,7 +374,8 @@ pub struct Control {
     /// Their bytes.
     pub kicked_bytes: AtomicU64,
     /// Boosts of a background thread by a foreground waiter (a lock it
-    /// holds, a child process it waits for).
+    /// holds, a condition variable it signalled, a child process it waits
+    /// for); each thread along a chain counts once.
     pub boosts: AtomicU64,
     /// Threads boosted now, by any process of the tree: `(tid << 32) |
     /// waiters` (see critio-preload's `inherit.rs`).
@@ -448,8 +454,8 @@ impl Control {
 
     /// Logs a thread's classification (past [`THREADS_MAX`] over the
     /// oldest record); no allocation, so a preloaded library may call it
-    /// anywhere. A record is marked unfinished (class 0) while it is
-    /// rewritten, so readers skip it.
+    /// anywhere. A record's `seq` is odd while it is rewritten, so readers
+    /// never mix two records.
     pub fn log_thread(
         &self,
         pid: i32,
@@ -461,7 +467,7 @@ impl Control {
     ) {
         let i = self.n_threads.fetch_add(1, Ordering::Relaxed) as usize % THREADS_MAX;
         let rec = &self.threads[i];
-        rec.class.store(0, Ordering::Relaxed);
+        rec.seq.fetch_add(1, Ordering::Relaxed); // odd: being written
         std::sync::atomic::fence(Ordering::Release);
         rec.pid.store(pid, Ordering::Relaxed);
         rec.tid.store(tid, Ordering::Relaxed);
@@ -469,7 +475,20 @@ impl Control {
             .store(rule.map_or(0, |r| r as u32 + 1), Ordering::Relaxed);
         pack(&rec.name, name);
         pack(&rec.title, title);
-        rec.class.store(class as u32, Ordering::Release);
+        rec.class.store(class as u32, Ordering::Relaxed);
+        rec.seq.fetch_add(1, Ordering::Release); // even: whole again
+    }
+
+    /// Reads one whole record with `read` (None: it is being rewritten, or
+    /// was rewritten meanwhile, or was never written).
+    fn read_rec<T>(rec: &ThreadRec, read: impl FnOnce(&ThreadRec) -> T) -> Option<T> {
+        let before = rec.seq.load(Ordering::Acquire);
+        if before % 2 == 1 || before == 0 {
+            return None;
+        }
+        let value = read(rec);
+        std::sync::atomic::fence(Ordering::Acquire);
+        (rec.seq.load(Ordering::Relaxed) == before).then_some(value)
     }
 
     /// The records kept, oldest first.
@@ -481,26 +500,32 @@ impl Control {
     /// The class `tid` was last logged with, if any (a scan of the log,
     /// newest first; no allocation).
     pub fn logged_class(&self, tid: i32) -> Option<Class> {
-        self.kept()
-            .rev()
-            .find(|r| r.tid.load(Ordering::Relaxed) == tid)
-            .and_then(|r| Class::from_u32(r.class.load(Ordering::Acquire)))
+        self.kept().rev().find_map(|r| {
+            Self::read_rec(r, |r| {
+                (r.tid.load(Ordering::Relaxed) == tid)
+                    .then(|| Class::from_u32(r.class.load(Ordering::Relaxed)))
+            })
+            .flatten()
+        })?
     }
 
     /// The classification log kept, oldest first.
     pub fn threads(&self) -> Vec<ThreadInfo> {
         self.kept()
             .filter_map(|rec| {
-                let class = Class::from_u32(rec.class.load(Ordering::Acquire))?;
-                let rule = rec.rule.load(Ordering::Relaxed);
-                Some(ThreadInfo {
-                    pid: rec.pid.load(Ordering::Relaxed),
-                    tid: rec.tid.load(Ordering::Relaxed),
-                    class,
-                    rule: rule.checked_sub(1).map(|r| r as usize),
-                    name: unpack(&rec.name),
-                    title: unpack(&rec.title),
+                Self::read_rec(rec, |rec| {
+                    let class = Class::from_u32(rec.class.load(Ordering::Relaxed))?;
+                    let rule = rec.rule.load(Ordering::Relaxed);
+                    Some(ThreadInfo {
+                        pid: rec.pid.load(Ordering::Relaxed),
+                        tid: rec.tid.load(Ordering::Relaxed),
+                        class,
+                        rule: rule.checked_sub(1).map(|r| r as usize),
+                        name: unpack(&rec.name),
+                        title: unpack(&rec.title),
+                    })
                 })
+                .flatten()
             })
             .collect()
     }

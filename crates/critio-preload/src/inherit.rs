@@ -30,13 +30,18 @@
 //! owner records whom it waits for (`note_wait`, whatever its class), and
 //! a boost follows those records up to [`CHAIN_MAX`] threads, boosting
 //! each background one (foreground waits for bg-mid's lock, bg-mid waits
-//! for the writer's: both are boosted). A boosted thread that starts a wait
-//! boosts its owner itself. The records are per process, so a chain
-//! through a child process ends at the child.
+//! for the writer's: both are boosted). Only a foreground thread starts a
+//! boost, so a link made after the walk (a boosted thread that starts a
+//! new wait) is not followed: following it would keep its owner boosted
+//! for that whole wait, after the boost that led there ended. The records
+//! are per process, so a chain through a child process ends at the child.
 //!
 //! Not covered (yet): a condition variable nobody has signalled yet,
 //! read-write locks held for reading, process-shared mutexes, pipes, and
-//! chains across processes.
+//! chains across processes. The condition variable hooks are unversioned
+//! and call glibc's GLIBC_2.3.2 functions, so a binary linked against the
+//! condition variables of glibc before 2.3.2 (2003) must run with
+//! `inherit_locks = false`.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -192,14 +197,34 @@ pub unsafe fn owner(m: *mut libc::pthread_mutex_t) -> i32 {
 /// # Safety
 /// `l` points to a live, initialized `pthread_rwlock_t`.
 pub unsafe fn writer(l: *mut libc::pthread_rwlock_t) -> i32 {
-    // SAFETY: glibc's pthread_rwlock_t (x86-64 and the generic 64-bit
-    // layout alike) begins with six unsigned ints (`__readers`,
+    // glibc's pthread_rwlock_t begins with six unsigned ints (`__readers`,
     // `__writers`, `__wrphase_futex`, `__writers_futex`, `__pad3`,
-    // `__pad4`) and then `int __cur_writer`, the tid of the write owner;
-    // 4-aligned like the lock, written by other threads, so read as an
-    // atomic.
-    let p = l.cast::<std::sync::atomic::AtomicI32>().add(6);
-    (*p).load(Ordering::Relaxed)
+    // `__pad4`); then x86-64 has `int __cur_writer`, and the generic layout
+    // (aarch64, riscv64, loongarch64) four bytes of flags first. Elsewhere
+    // the layout is not known here: no writer, so no boost.
+    #[cfg(target_arch = "x86_64")]
+    const CUR_WRITER: usize = 6;
+    #[cfg(any(
+        target_arch = "aarch64",
+        target_arch = "riscv64",
+        target_arch = "loongarch64"
+    ))]
+    const CUR_WRITER: usize = 7;
+    #[cfg(not(any(
+        target_arch = "x86_64",
+        target_arch = "aarch64",
+        target_arch = "riscv64",
+        target_arch = "loongarch64"
+    )))]
+    return 0;
+    // SAFETY: `__cur_writer` is the int at CUR_WRITER (above), inside the
+    // lock, 4-aligned like it; it is written by other threads, so it is
+    // read as an atomic.
+    #[allow(unreachable_code)]
+    {
+        let p = l.cast::<std::sync::atomic::AtomicI32>().add(CUR_WRITER);
+        (*p).load(Ordering::Relaxed)
+    }
 }
 
 /// The last thread that signalled each condition variable: a direct-mapped
@@ -246,14 +271,21 @@ pub fn signaler(cond: *const libc::pthread_cond_t) -> i32 {
 const WAIT_SLOTS: usize = 1024;
 static WAITS: [AtomicU64; WAIT_SLOTS] = [const { AtomicU64::new(0) }; WAIT_SLOTS];
 
-/// `tid` blocks until `owner` lets it go (0: the wait ended).
+/// `tid` blocks until `owner` lets it go (0: the wait ended; the slot is
+/// cleared only if it still holds `tid`'s record, not a colliding thread's).
 pub fn note_wait(tid: i32, owner: i32) {
-    let v = if owner > 0 {
-        (u64::from(tid as u32) << 32) | u64::from(owner as u32)
+    let slot = &WAITS[home(tid, WAIT_SLOTS)];
+    if owner > 0 {
+        slot.store(
+            (u64::from(tid as u32) << 32) | u64::from(owner as u32),
+            Ordering::Relaxed,
+        );
     } else {
-        0
-    };
-    WAITS[home(tid, WAIT_SLOTS)].store(v, Ordering::Relaxed);
+        let cur = slot.load(Ordering::Relaxed);
+        if (cur >> 32) as u32 == tid as u32 {
+            let _ = slot.compare_exchange(cur, 0, Ordering::Relaxed, Ordering::Relaxed);
+        }
+    }
 }
 
 /// Whom `tid` waits for now (0: nobody known).

@@ -119,7 +119,7 @@ int main(int argc, char **argv) {
         pthread_create(&t2, NULL, mid, NULL);
         while (!mid_held)
             usleep(1000);
-        usleep(50000); /* bg-mid is blocked on the writer's mutex by now */
+        usleep(200000); /* bg-mid is blocked on the writer's mutex by now */
         double t0 = now();
         pthread_mutex_lock(&m1);
         double waited = now() - t0;
