@@ -12,8 +12,8 @@
 //!    while a foreground thread waits for a lock it holds),
 //! 2. writes the range back itself and waits for it (`sync_file_range`
 //!    with WAIT_BEFORE | WRITE | WAIT_AFTER): the I/O carries the writer's
-//!    background I/O priority, at most one chunk per writer is in flight, and no
-//!    foreground `fsync` later finds these pages dirty,
+//!    background I/O priority, at most one chunk per writer is in flight,
+//!    and no foreground `fsync` later finds these pages dirty,
 //! 3. drops the range from the page cache (`POSIX_FADV_DONTNEED`): a dump
 //!    or log rewrite is not read again.
 //!
@@ -198,19 +198,18 @@ pub fn hand_off(fd: libc::c_int, c: &Control) {
     c.record(Class::Background, Op::Sync, took);
     c.paced_chunks.fetch_add(1, Ordering::Relaxed);
     c.paced_bytes.fetch_add(bytes, Ordering::Relaxed);
-    {
-        // SAFETY: posix_fadvise takes integers; it is not interposed.
-        let r = unsafe {
-            libc::posix_fadvise(
-                fd,
-                off as libc::off_t,
-                len as libc::off_t,
-                libc::POSIX_FADV_DONTNEED,
-            )
-        };
-        if r == 0 {
-            c.dropped_bytes.fetch_add(len, Ordering::Relaxed);
-        }
+    // Appended: not read again, so dropped from the page cache.
+    // SAFETY: posix_fadvise takes integers; it is not interposed.
+    let r = unsafe {
+        libc::posix_fadvise(
+            fd,
+            off as libc::off_t,
+            len as libc::off_t,
+            libc::POSIX_FADV_DONTNEED,
+        )
+    };
+    if r == 0 {
+        c.dropped_bytes.fetch_add(len, Ordering::Relaxed);
     }
 }
 
