@@ -310,10 +310,16 @@ fn paced_wait(dir: &Path, inherit: bool, command: &[&std::ffi::OsStr]) -> (f64, 
 /// Compiles `tests/run/lock.c` with the system C compiler (None: there is
 /// none).
 fn lock_program(dir: &Path) -> Option<std::path::PathBuf> {
-    let src = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/run/lock.c");
-    let exe = dir.join("lock");
+    c_program(dir, "lock", "-O1")
+}
+
+/// Compiles `tests/run/NAME.c` with the system C compiler at `opt` into
+/// `dir` (None: there is no compiler).
+fn c_program(dir: &Path, name: &str, opt: &str) -> Option<std::path::PathBuf> {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/run/{name}.c"));
+    let exe = dir.join(name);
     let ok = Command::new("cc")
-        .args(["-O1", "-pthread", "-o"])
+        .args([opt, "-pthread", "-o"])
         .arg(&exe)
         .arg(src)
         .status()
@@ -371,18 +377,10 @@ fn a_foreground_condvar_waiter_lifts_the_pacing_of_the_background_signaller() {
 #[test]
 fn a_waiter_cancelled_in_its_wait_leaves_no_boost_behind() {
     let dir = tempfile::tempdir().unwrap();
-    let exe = dir.path().join("cancel");
-    let src = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/run/cancel.c");
-    let ok = Command::new("cc")
-        .args(["-O1", "-pthread", "-o"])
-        .arg(&exe)
-        .arg(src)
-        .status()
-        .is_ok_and(|s| s.success());
-    if !ok {
+    let Some(exe) = c_program(dir.path(), "cancel", "-O1") else {
         eprintln!("skipped: no C compiler (cc) to build tests/run/cancel.c");
         return;
-    }
+    };
     let o = Command::new(CRITIO)
         .args(["run", "--foreground", "thread=fg-waiter", "--stats", "--"])
         .arg(&exe)
@@ -584,18 +582,10 @@ os.waitpid(pid, 0)
 #[ignore]
 fn fwrite_cost() {
     let dir = tempfile::tempdir().unwrap();
-    let exe = dir.path().join("fwrite");
-    let src = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/run/fwrite.c");
-    let ok = Command::new("cc")
-        .args(["-O2", "-pthread", "-o"])
-        .arg(&exe)
-        .arg(src)
-        .status()
-        .is_ok_and(|s| s.success());
-    if !ok {
-        eprintln!("skipped: no C compiler (cc)");
+    let Some(exe) = c_program(dir.path(), "fwrite", "-O2") else {
+        eprintln!("skipped: no C compiler (cc) to build tests/run/fwrite.c");
         return;
-    }
+    };
     let out = dir.path().join("out");
     let ns = |wrapped: bool| -> f64 {
         let mut cmd = if wrapped {
