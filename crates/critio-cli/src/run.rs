@@ -30,6 +30,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use critio::sys::IoPriority;
 use critio_control::{quantile, Class, Control, Op, Rule, ENV_CONTROL};
 use serde::Deserialize;
 
@@ -129,58 +130,39 @@ impl Preset {
     /// I/O, so the backend does too: paper 000's priority inversion, and
     /// `critio bench run-postgres` measured it (p99.9 0.39x stock in the
     /// idle class, 1.16x lower than stock in best-effort 7).
-    fn background_ioprio(self) -> BackgroundIoprio {
+    fn background_ioprio(self) -> IoPriority {
         match self {
-            Preset::Redis => BackgroundIoprio::Idle,
-            Preset::Postgres => BackgroundIoprio::BestEffort(7),
+            Preset::Redis => IoPriority::Idle,
+            Preset::Postgres => IoPriority::BestEffort(7),
         }
     }
 }
 
-/// The kernel I/O priority of background threads.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum BackgroundIoprio {
-    /// `ionice -c3`: served only when nothing else waits. Safe only for
-    /// background work no request waits for.
-    Idle,
-    /// `ionice -c2 -n LEVEL`.
-    BestEffort(u8),
+/// Parses a background I/O priority, `idle` or `best-effort-N` (N in
+/// 0..=7): `ionice -c3` (served only when nothing else waits, so safe only
+/// for background work no request waits for) or `ionice -c2 -n N`.
+pub fn parse_background_ioprio(s: &str) -> Result<IoPriority, String> {
+    let bad = || {
+        format!(
+            "background_ioprio = \"{s}\": expected \"idle\" or \"best-effort-N\" with N in 0..=7"
+        )
+    };
+    if s == "idle" {
+        return Ok(IoPriority::Idle);
+    }
+    let level: u8 = s
+        .strip_prefix("best-effort-")
+        .and_then(|n| n.parse().ok())
+        .ok_or_else(bad)?;
+    IoPriority::BestEffort(level).check().map_err(|_| bad())
 }
 
-impl BackgroundIoprio {
-    /// Parses `idle` or `best-effort-N` (N in 0..=7).
-    pub fn parse(s: &str) -> Result<Self, String> {
-        let bad = || {
-            format!("background_ioprio = \"{s}\": expected \"idle\" or \"best-effort-N\" with N in 0..=7")
-        };
-        if s == "idle" {
-            return Ok(BackgroundIoprio::Idle);
-        }
-        let level: u8 = s
-            .strip_prefix("best-effort-")
-            .and_then(|n| n.parse().ok())
-            .ok_or_else(bad)?;
-        if level > 7 {
-            return Err(bad());
-        }
-        Ok(BackgroundIoprio::BestEffort(level))
-    }
-
-    /// `ioprio_set`'s value.
-    fn value(self) -> u16 {
-        match self {
-            BackgroundIoprio::Idle => critio_control::IOPRIO_IDLE,
-            BackgroundIoprio::BestEffort(n) => critio_control::ioprio_best_effort(n),
-        }
-    }
-}
-
-impl std::fmt::Display for BackgroundIoprio {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            BackgroundIoprio::Idle => f.write_str("idle"),
-            BackgroundIoprio::BestEffort(n) => write!(f, "best-effort-{n}"),
-        }
+/// A background I/O priority as `parse_background_ioprio` reads it.
+fn background_ioprio_name(p: IoPriority) -> String {
+    match p {
+        IoPriority::BestEffort(n) => format!("best-effort-{n}"),
+        IoPriority::Idle => "idle".into(),
+        other => format!("{other:?}"),
     }
 }
 
@@ -261,7 +243,7 @@ impl RunConfig {
             return Err("target_ratio must be >= 1.0 and step_mib >= 0".into());
         }
         if let Some(p) = &self.background_ioprio {
-            BackgroundIoprio::parse(p)?;
+            parse_background_ioprio(p)?;
         }
         if !(0..=19).contains(&self.background_nice) {
             return Err(format!(
@@ -292,7 +274,7 @@ impl Block {
         rules: &[Rule],
         chunk_bytes: u64,
         background_nice: i32,
-        background_ioprio: BackgroundIoprio,
+        background_ioprio: IoPriority,
     ) -> Result<Block, String> {
         use std::os::unix::fs::OpenOptionsExt;
         let dir = Path::new("/dev/shm");
@@ -343,7 +325,7 @@ impl Block {
                 rules,
                 chunk_bytes,
                 background_nice,
-                background_ioprio.value(),
+                background_ioprio.encode(),
             )?
         };
         Ok(block)
@@ -468,10 +450,10 @@ fn rules_and_config(args: &RunArgs) -> Result<(Vec<Rule>, RunConfig), String> {
 }
 
 /// The background I/O priority: the config's, else the preset's, else idle.
-fn background_ioprio(preset: Option<Preset>, cfg: &RunConfig) -> Result<BackgroundIoprio, String> {
+fn background_ioprio(preset: Option<Preset>, cfg: &RunConfig) -> Result<IoPriority, String> {
     match &cfg.background_ioprio {
-        Some(p) => BackgroundIoprio::parse(p),
-        None => Ok(preset.map_or(BackgroundIoprio::Idle, Preset::background_ioprio)),
+        Some(p) => parse_background_ioprio(p),
+        None => Ok(preset.map_or(IoPriority::Idle, Preset::background_ioprio)),
     }
 }
 
@@ -486,7 +468,11 @@ pub fn run(args: RunArgs) -> Result<ExitCode, String> {
         ioprio,
     )?);
     if args.explain {
-        eprintln!("critio run: background threads get I/O priority {ioprio}, CPU nice {} (if allowed); foreground best-effort-0", cfg.background_nice);
+        eprintln!(
+            "critio run: background threads get I/O priority {}, CPU nice {} (if allowed); foreground best-effort-0",
+            background_ioprio_name(ioprio),
+            cfg.background_nice
+        );
     }
     if !cfg.inherit_locks {
         // SAFETY: no other process has the block yet (the command is not
@@ -769,34 +755,34 @@ mod tests {
 
     #[test]
     fn background_ioprio_parses_and_defaults_by_preset() {
-        assert_eq!(BackgroundIoprio::parse("idle"), Ok(BackgroundIoprio::Idle));
+        assert_eq!(parse_background_ioprio("idle"), Ok(IoPriority::Idle));
         assert_eq!(
-            BackgroundIoprio::parse("best-effort-7"),
-            Ok(BackgroundIoprio::BestEffort(7))
+            parse_background_ioprio("best-effort-7"),
+            Ok(IoPriority::BestEffort(7))
         );
         for bad in ["best-effort-8", "be7", "", "best-effort-"] {
-            let e = BackgroundIoprio::parse(bad).unwrap_err();
+            let e = parse_background_ioprio(bad).unwrap_err();
             assert!(e.contains("best-effort-N"), "{e}");
         }
-        assert_eq!(BackgroundIoprio::BestEffort(7).value(), (2 << 13) | 7);
-        assert_eq!(BackgroundIoprio::Idle.value(), 3 << 13);
+        assert_eq!(IoPriority::BestEffort(7).encode(), (2 << 13) | 7);
+        assert_eq!(IoPriority::Idle.encode(), 3 << 13);
         let cfg = RunConfig::default();
         assert_eq!(
             background_ioprio(Some(Preset::Postgres), &cfg),
-            Ok(BackgroundIoprio::BestEffort(7))
+            Ok(IoPriority::BestEffort(7))
         );
         assert_eq!(
             background_ioprio(Some(Preset::Redis), &cfg),
-            Ok(BackgroundIoprio::Idle)
+            Ok(IoPriority::Idle)
         );
-        assert_eq!(background_ioprio(None, &cfg), Ok(BackgroundIoprio::Idle));
+        assert_eq!(background_ioprio(None, &cfg), Ok(IoPriority::Idle));
         let cfg = RunConfig {
             background_ioprio: Some("best-effort-3".into()),
             ..RunConfig::default()
         };
         assert_eq!(
             background_ioprio(Some(Preset::Postgres), &cfg),
-            Ok(BackgroundIoprio::BestEffort(3)),
+            Ok(IoPriority::BestEffort(3)),
             "the config wins over the preset"
         );
         let bad = RunConfig {
