@@ -450,6 +450,60 @@ print(f"waited {time.time() - t0:.3f}")
 }
 
 #[test]
+fn a_foreground_pipe_reader_lifts_the_pacing_of_the_background_writer() {
+    let Some(py) = python() else {
+        eprintln!("skipped: no python3");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    // The child (background) writes "r" to a pipe, then 6 MiB to a file
+    // paced at 1 MiB/s, then "d"; the parent (foreground) reads "r", and
+    // then blocks reading the pipe until "d": it waits for the child
+    // through the pipe alone (it never calls waitpid, which boosts too).
+    let script = r#"
+import os, sys, time
+r, w = os.pipe()
+pid = os.fork()
+if pid == 0:
+    os.close(r)
+    os.write(w, b"r")
+    fd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT, 0o600)
+    for _ in range(96):
+        os.write(fd, b"x" * 65536)
+    os.close(fd)
+    os.write(w, b"d")
+    os._exit(0)
+os.close(w)
+assert os.read(r, 1) == b"r"
+time.sleep(0.2)  # the child is classified and writing by now
+t0 = time.time()
+assert os.read(r, 1) == b"d"
+print(f"waited {time.time() - t0:.3f}")
+"#;
+    let waited = |inherit: bool| {
+        let data = dir.path().join(format!("piped-{inherit}"));
+        let args: [&std::ffi::OsStr; 4] = [
+            py.as_ref(),
+            "-c".as_ref(),
+            script.as_ref(),
+            data.as_os_str(),
+        ];
+        paced_wait(dir.path(), inherit, &args)
+    };
+    let (without, err) = waited(false);
+    assert!(
+        without >= 2.0,
+        "the paced child finished in {without} s:\n{err}"
+    );
+    let (with, err) = waited(true);
+    assert!(!err.contains(" 0 lock owners boosted"), "no boost:\n{err}");
+    assert!(
+        with * 2.0 < without,
+        "waited {with} s with inheritance, {without} s without:\n{err}"
+    );
+}
+
+#[test]
 fn writes_in_place_are_started_on_their_way_but_never_paced() {
     let Some(py) = python() else {
         eprintln!("skipped: no python3");

@@ -32,7 +32,7 @@ use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering};
 /// "critioRN": a mapped block starts with it.
 pub const MAGIC: u64 = 0x4e52_6f69_7469_7263;
 /// The layout's version.
-pub const VERSION: u32 = 3;
+pub const VERSION: u32 = 4;
 /// The kernel's idle I/O class (`ionice -c3`): served only when no other
 /// class has I/O pending.
 pub const IOPRIO_IDLE: u16 = 3 << 13;
@@ -54,6 +54,8 @@ pub const THREADS_MAX: usize = 4096;
 pub const BUCKETS: usize = 40;
 /// Threads that may be boosted at once.
 pub const BOOSTED_MAX: usize = 256;
+/// Pipes whose last writer the block remembers ([`Control::pipe_writers`]).
+pub const PIPE_SLOTS: usize = 1024;
 /// The environment variable naming the control block's file.
 pub const ENV_CONTROL: &str = "CRITIO_RUN_CONTROL";
 
@@ -380,6 +382,11 @@ pub struct Control {
     /// Threads boosted now, by any process of the tree: `(tid << 32) |
     /// waiters` (see critio-preload's `inherit.rs`).
     pub boosted: [AtomicU64; BOOSTED_MAX],
+    /// The last thread of the tree that wrote to each pipe, a
+    /// [`LastThread`] table keyed by the pipe's inode: a foreground thread
+    /// that blocks reading the pipe boosts it (the writer is usually
+    /// another process, so the table is shared).
+    pub pipe_writers: [AtomicU64; PIPE_SLOTS],
     /// Controller decisions: rate cut, rate raised.
     pub rate_cuts: AtomicU64,
     /// See `rate_cuts`.
@@ -555,9 +562,64 @@ pub fn quantile(h: &[u64; BUCKETS], q: f64) -> Option<u64> {
     Some(2u64 << (BUCKETS - 1))
 }
 
+/// A direct-mapped record of the last thread that acted on an object (a
+/// condition variable signalled, a pipe written): `(tag << 22) | tid` per
+/// slot, where the slot and the 42-bit tag both come from a hash of the
+/// object's key (a tid is below 2^22, the kernel's PID_MAX_LIMIT). A
+/// collision overwrites: the record is a heuristic, like paper 000's
+/// helper record, and a wrong entry costs only a needless boost.
+pub struct LastThread;
+
+impl LastThread {
+    const TID_BITS: u32 = 22;
+
+    fn hash(key: u64, slots: usize) -> (usize, u64) {
+        let h = key.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        let slot = (h >> 54) as usize % slots;
+        let tag = (h & ((1 << (64 - Self::TID_BITS)) - 1)) | 1; // never 0: 0 is an empty slot
+        (slot, tag)
+    }
+
+    /// `tid` acted on the object `key` last.
+    pub fn note(table: &[AtomicU64], key: u64, tid: i32) {
+        let (slot, tag) = Self::hash(key, table.len());
+        let tid = u64::from(tid as u32) & ((1 << Self::TID_BITS) - 1);
+        table[slot].store((tag << Self::TID_BITS) | tid, Ordering::Relaxed);
+    }
+
+    /// The last thread that acted on `key` (0: none recorded).
+    pub fn get(table: &[AtomicU64], key: u64) -> i32 {
+        let (slot, tag) = Self::hash(key, table.len());
+        let v = table[slot].load(Ordering::Relaxed);
+        if v >> Self::TID_BITS == tag {
+            (v & ((1 << Self::TID_BITS) - 1)) as i32
+        } else {
+            0
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_last_thread_is_kept_per_key_and_unknown_keys_have_none() {
+        let table: [AtomicU64; 64] = [const { AtomicU64::new(0) }; 64];
+        assert_eq!(LastThread::get(&table, 7), 0);
+        LastThread::note(&table, 7, 1234);
+        LastThread::note(&table, 7, 4321);
+        assert_eq!(LastThread::get(&table, 7), 4321);
+        // Another key in the same slot does not read 7's thread: the tag
+        // differs (a collision may overwrite, never mix).
+        let other = (8..10_000)
+            .find(|&k| LastThread::hash(k, 64).0 == LastThread::hash(7, 64).0)
+            .unwrap();
+        assert_eq!(LastThread::get(&table, other), 0);
+        LastThread::note(&table, other, 99);
+        assert_eq!(LastThread::get(&table, other), 99);
+        assert_eq!(LastThread::get(&table, 7), 0);
+    }
 
     #[test]
     fn globs_match_as_documented() {

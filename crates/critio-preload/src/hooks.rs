@@ -121,7 +121,9 @@ pub unsafe extern "C" fn write(fd: c_int, buf: *const c_void, count: size_t) -> 
         return fail();
     };
     let Some(call) = begin(fd) else {
-        return real(fd, buf, count);
+        let r = real(fd, buf, count);
+        wrote_pipe(fd);
+        return r;
     };
     let r = real(fd, buf, count);
     call.end(
@@ -191,7 +193,9 @@ pub unsafe extern "C" fn writev(fd: c_int, iov: *const iovec, iovcnt: c_int) -> 
         return fail();
     };
     let Some(call) = begin(fd) else {
-        return real(fd, iov, iovcnt);
+        let r = real(fd, iov, iovcnt);
+        wrote_pipe(fd);
+        return r;
     };
     let r = real(fd, iov, iovcnt);
     call.end(
@@ -248,7 +252,7 @@ pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, count: size_t) -> ssi
         return fail();
     };
     let Some(call) = begin(fd) else {
-        return real(fd, buf, count);
+        return reading_pipe(fd, || real(fd, buf, count));
     };
     let r = real(fd, buf, count);
     call.end(Op::Read, fd, None, None);
@@ -513,6 +517,79 @@ pub unsafe extern "C" fn pthread_rwlock_wrlock(l: *mut libc::pthread_rwlock_t) -
         return libc::EINVAL;
     };
     lock_inheriting(l, real, real_trywrlock(), crate::inherit::writer)
+}
+
+/// After a write to `fd` that was not a file's: if `fd` is a pipe, the
+/// caller is recorded as its last writer (if inheritance is on), so that
+/// a foreground thread that blocks reading the pipe boosts it.
+fn wrote_pipe(fd: c_int) {
+    let Some(c) = control().filter(|c| c.inherit_locks != 0) else {
+        return;
+    };
+    let Some(_inside) = Inside::enter() else {
+        return;
+    };
+    let errno = Errno::save();
+    if let Some(pipe) = (fd >= 0).then(|| pace::pipe_key(fd)).flatten() {
+        thread::class(c); // classified, so a reader can tell it is background
+                          // SAFETY: gettid has no preconditions.
+        crate::inherit::note_pipe_writer(pipe, unsafe { libc::gettid() }, c);
+    }
+    errno.restore();
+}
+
+/// Runs `read` on `fd`: a foreground thread about to block reading an
+/// empty pipe waits for the pipe's last writer, which it boosts if
+/// background (see [`Blocked`]), as a waiter on a condition variable boosts
+/// its last signaller. A read that cannot block (data is there, or the
+/// descriptor is non-blocking) passes nothing on.
+fn reading_pipe(fd: c_int, read: impl FnOnce() -> ssize_t) -> ssize_t {
+    let Some(c) = control().filter(|c| c.inherit_locks != 0) else {
+        return read();
+    };
+    let Some(_inside) = Inside::enter() else {
+        return read();
+    };
+    let errno = Errno::save();
+    let writer = blocking_pipe_writer(fd, c);
+    if writer > 0 {
+        Blocked::start(c, writer);
+    }
+    errno.restore();
+    let r = read();
+    if writer > 0 {
+        let errno = Errno::save();
+        Blocked::end();
+        errno.restore();
+    }
+    r
+}
+
+/// The last writer of the pipe `fd`, if the caller is foreground and its
+/// read of `fd` will block (0: no boost).
+fn blocking_pipe_writer(fd: c_int, c: &Control) -> i32 {
+    let Some(pipe) = (fd >= 0).then(|| pace::pipe_key(fd)).flatten() else {
+        return 0;
+    };
+    if thread::class(c) != Class::Foreground {
+        return 0;
+    }
+    let writer = crate::inherit::pipe_writer(pipe, c);
+    if writer <= 0 {
+        return 0;
+    }
+    let mut ready: c_int = 0;
+    // SAFETY: FIONREAD writes one int to `ready`; F_GETFL only reads the
+    // descriptor's flags. Neither is interposed.
+    let will_block = unsafe {
+        !(libc::ioctl(fd, libc::FIONREAD, &mut ready) == 0 && ready > 0)
+            && libc::fcntl(fd, libc::F_GETFL) & libc::O_NONBLOCK == 0
+    };
+    if will_block {
+        writer
+    } else {
+        0
+    }
 }
 
 /// Records the caller as `cond`'s last signaller (if inheritance is on).

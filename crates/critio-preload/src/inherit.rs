@@ -36,16 +36,21 @@
 //! for that whole wait, after the boost that led there ended. The records
 //! are per process, so a chain through a child process ends at the child.
 //!
-//! Not covered (yet): a condition variable nobody has signalled yet,
-//! read-write locks held for reading, process-shared mutexes, pipes, and
-//! chains across processes. The condition variable hooks are unversioned
+//! Pipes follow the same heuristic across processes: every write to a
+//! pipe records its thread in the block (`Control::pipe_writers`, keyed by
+//! the pipe's inode), and a foreground thread whose `read` of an empty,
+//! blocking pipe is about to block boosts that writer for the read.
+//!
+//! Not covered (yet): a condition variable nobody has signalled yet (or a
+//! pipe nobody wrote to), read-write locks held for reading, process-shared
+//! mutexes, `poll`/`epoll` waits, and chains across processes. The condition variable hooks are unversioned
 //! and call glibc's GLIBC_2.3.2 functions, so a binary linked against the
 //! condition variables of glibc before 2.3.2 (2003) must run with
 //! `inherit_locks = false`.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use critio_control::{Class, Control};
+use critio_control::{Class, Control, LastThread};
 
 /// Threads whose class is known (open addressing by tid).
 const CLASS_SLOTS: usize = 4096;
@@ -227,39 +232,30 @@ pub unsafe fn writer(l: *mut libc::pthread_rwlock_t) -> i32 {
     }
 }
 
-/// The last thread that signalled each condition variable: a direct-mapped
-/// table, `(tag << 22) | tid` per slot, where the slot and the 42-bit tag
-/// both come from a hash of the variable's address (a tid is below 2^22,
-/// the kernel's PID_MAX_LIMIT). A collision overwrites: the table is a
-/// heuristic, like paper 000's helper record, and a wrong entry costs only
-/// a needless boost.
+/// The last thread that signalled each condition variable, a
+/// [`LastThread`] table keyed by the variable's address (per process: a
+/// process-private variable has no meaning elsewhere).
 const COND_SLOTS: usize = 1024;
 static SIGNALERS: [AtomicU64; COND_SLOTS] = [const { AtomicU64::new(0) }; COND_SLOTS];
-const TID_BITS: u32 = 22;
-
-fn cond_hash(cond: *const libc::pthread_cond_t) -> (usize, u64) {
-    let h = (cond as usize as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    let slot = (h >> 54) as usize % COND_SLOTS;
-    let tag = (h & ((1 << (64 - TID_BITS)) - 1)) | 1; // never 0: 0 is an empty slot
-    (slot, tag)
-}
 
 /// `tid` signalled (or broadcast) `cond`.
 pub fn note_signaler(cond: *const libc::pthread_cond_t, tid: i32) {
-    let (slot, tag) = cond_hash(cond);
-    let tid = u64::from(tid as u32) & ((1 << TID_BITS) - 1);
-    SIGNALERS[slot].store((tag << TID_BITS) | tid, Ordering::Relaxed);
+    LastThread::note(&SIGNALERS, cond as usize as u64, tid);
 }
 
 /// The last thread that signalled `cond` (0: none recorded).
 pub fn signaler(cond: *const libc::pthread_cond_t) -> i32 {
-    let (slot, tag) = cond_hash(cond);
-    let v = SIGNALERS[slot].load(Ordering::Relaxed);
-    if v >> TID_BITS == tag {
-        (v & ((1 << TID_BITS) - 1)) as i32
-    } else {
-        0
-    }
+    LastThread::get(&SIGNALERS, cond as usize as u64)
+}
+
+/// `tid` wrote to the pipe whose key is `pipe` (see `pace::pipe_key`).
+pub fn note_pipe_writer(pipe: u64, tid: i32, c: &Control) {
+    LastThread::note(&c.pipe_writers, pipe, tid);
+}
+
+/// The last thread of the tree that wrote to the pipe `pipe` (0: none).
+pub fn pipe_writer(pipe: u64, c: &Control) -> i32 {
+    LastThread::get(&c.pipe_writers, pipe)
 }
 
 /// Who each blocked thread of this process waits for, so that a boost

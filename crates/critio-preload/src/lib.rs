@@ -30,9 +30,10 @@
 //!               hold its own lock over the write)
 //! ```
 //!
-//! Only regular files are looked at (sockets and pipes block for reasons
-//! that are not I/O); what each descriptor is stays cached until `close` or
-//! `fclose`, which are interposed for that alone.
+//! Only regular files are timed and paced (sockets and pipes block for
+//! reasons that are not I/O); a pipe's writes and reads only feed
+//! inheritance (`inherit.rs`). What each descriptor is stays cached until
+//! `close` or `fclose`, which are interposed for that alone.
 //!
 //! Every interposed call returns what the real one returned, with the same
 //! `errno`; the library's own I/O (reading the process title, the control

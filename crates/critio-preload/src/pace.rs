@@ -40,8 +40,11 @@ pub const PACE_WAIT_MAX_NS: u64 = 1_000_000_000;
 const FDS: usize = 16384;
 
 struct FdState {
-    /// 0: not known yet, 1: a regular file, 2: anything else.
+    /// 0: not known yet, 1: a regular file, 2: a pipe (or FIFO), 3:
+    /// anything else.
     kind: AtomicU8,
+    /// A pipe's key: its inode and device, hashed (0: not a pipe).
+    pipe: AtomicU64,
     pending: AtomicU64,
     lo: AtomicU64,
     hi: AtomicU64,
@@ -50,6 +53,7 @@ struct FdState {
 #[allow(clippy::declare_interior_mutable_const)]
 const FD_INIT: FdState = FdState {
     kind: AtomicU8::new(0),
+    pipe: AtomicU64::new(0),
     pending: AtomicU64::new(0),
     lo: AtomicU64::new(u64::MAX),
     hi: AtomicU64::new(0),
@@ -61,27 +65,55 @@ fn slot(fd: libc::c_int) -> Option<&'static FdState> {
     STATE.get(usize::try_from(fd).ok()?)
 }
 
-/// Whether `fd` is a regular file (the only I/O the library times or
-/// paces: sockets and pipes block for reasons that are not I/O). Cached
-/// per descriptor until it is closed.
-pub fn is_file(fd: libc::c_int) -> bool {
+const FILE: u8 = 1;
+const PIPE: u8 = 2;
+const OTHER: u8 = 3;
+
+/// What `fd` is (`FILE`, `PIPE` or `OTHER`) and, for a pipe, its key.
+/// Cached per descriptor until it is closed.
+fn kind(fd: libc::c_int) -> (u8, u64) {
     let stat = || {
         // SAFETY: `st` is a valid out-pointer; fstat is not interposed.
         let mut st: libc::stat = unsafe { std::mem::zeroed() };
-        let ok = unsafe { libc::fstat(fd, &mut st) } == 0;
-        ok && st.st_mode & libc::S_IFMT == libc::S_IFREG
+        if unsafe { libc::fstat(fd, &mut st) } != 0 {
+            return (OTHER, 0);
+        }
+        match st.st_mode & libc::S_IFMT {
+            libc::S_IFREG => (FILE, 0),
+            libc::S_IFIFO => {
+                // Both ends of a pipe share its inode; never 0.
+                let key = (st.st_ino ^ st.st_dev.rotate_left(40)) | 1 << 63;
+                (PIPE, key)
+            }
+            _ => (OTHER, 0),
+        }
     };
     let Some(s) = slot(fd) else {
         return stat();
     };
-    match s.kind.load(Ordering::Relaxed) {
-        1 => true,
-        2 => false,
-        _ => {
-            let file = stat();
-            s.kind.store(if file { 1 } else { 2 }, Ordering::Relaxed);
-            file
+    match s.kind.load(Ordering::Acquire) {
+        0 => {
+            let (kind, key) = stat();
+            s.pipe.store(key, Ordering::Relaxed);
+            s.kind.store(kind, Ordering::Release);
+            (kind, key)
         }
+        kind => (kind, s.pipe.load(Ordering::Relaxed)),
+    }
+}
+
+/// Whether `fd` is a regular file (the only I/O the library times or
+/// paces: sockets and pipes block for reasons that are not I/O).
+pub fn is_file(fd: libc::c_int) -> bool {
+    kind(fd).0 == FILE
+}
+
+/// The key of the pipe (or FIFO) `fd` is an end of, the same at both ends
+/// and in every process (None: not a pipe).
+pub fn pipe_key(fd: libc::c_int) -> Option<u64> {
+    match kind(fd) {
+        (PIPE, key) => Some(key),
+        _ => None,
     }
 }
 
@@ -89,6 +121,7 @@ pub fn is_file(fd: libc::c_int) -> bool {
 pub fn closed(fd: libc::c_int) {
     if let Some(s) = slot(fd) {
         s.kind.store(0, Ordering::Relaxed);
+        s.pipe.store(0, Ordering::Relaxed);
         s.pending.store(0, Ordering::Relaxed);
         s.lo.store(u64::MAX, Ordering::Relaxed);
         s.hi.store(0, Ordering::Relaxed);
