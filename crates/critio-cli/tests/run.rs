@@ -404,6 +404,13 @@ fn a_boost_follows_a_chain_of_background_lock_owners() {
 }
 
 #[test]
+fn a_boost_follows_a_chain_into_a_child_process() {
+    // main waits for the child; the child's main thread waits for the
+    // mutex its paced writer thread holds.
+    owner_is_boosted(&["fork-chain"]);
+}
+
+#[test]
 fn a_foreground_waitpid_lifts_the_pacing_of_the_background_child() {
     let Some(py) = python() else {
         eprintln!("skipped: no python3");

@@ -32,7 +32,7 @@ use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering};
 /// "critioRN": a mapped block starts with it.
 pub const MAGIC: u64 = 0x4e52_6f69_7469_7263;
 /// The layout's version.
-pub const VERSION: u32 = 4;
+pub const VERSION: u32 = 5;
 /// The kernel's idle I/O class (`ionice -c3`): served only when no other
 /// class has I/O pending.
 pub const IOPRIO_IDLE: u16 = 3 << 13;
@@ -56,6 +56,8 @@ pub const BUCKETS: usize = 40;
 pub const BOOSTED_MAX: usize = 256;
 /// Pipes whose last writer the block remembers ([`Control::pipe_writers`]).
 pub const PIPE_SLOTS: usize = 1024;
+/// Blocked threads whose wait the block records ([`Control::waits`]).
+pub const WAIT_SLOTS: usize = 4096;
 /// The environment variable naming the control block's file.
 pub const ENV_CONTROL: &str = "CRITIO_RUN_CONTROL";
 
@@ -387,6 +389,10 @@ pub struct Control {
     /// that blocks reading the pipe boosts it (the writer is usually
     /// another process, so the table is shared).
     pub pipe_writers: [AtomicU64; PIPE_SLOTS],
+    /// Who each blocked thread of the tree waits for, so that a boost
+    /// follows a chain across processes: `(tid << 32) | owner`,
+    /// direct-mapped by tid (see critio-preload's `inherit.rs`).
+    pub waits: [AtomicU64; WAIT_SLOTS],
     /// Controller decisions: rate cut, rate raised.
     pub rate_cuts: AtomicU64,
     /// See `rate_cuts`.

@@ -412,6 +412,7 @@ pub fn resolve_all() {
 /// undoes the boost at thread exit.
 struct Blocked {
     me: i32,
+    c: &'static Control,
     /// Held for its drop: the boosted threads are background again.
     _boost: Option<crate::inherit::Boost<'static>>,
 }
@@ -424,13 +425,17 @@ impl Blocked {
     fn start(c: &'static Control, owner: i32) {
         // SAFETY: gettid has no preconditions.
         let me = unsafe { libc::gettid() };
-        crate::inherit::note_wait(me, owner);
+        crate::inherit::note_wait(me, owner, c);
         let boost = if thread::class(c) == Class::Foreground {
             crate::inherit::Boost::of(owner, me, c)
         } else {
             None
         };
-        let b = Blocked { me, _boost: boost };
+        let b = Blocked {
+            me,
+            c,
+            _boost: boost,
+        };
         // A thread already tearing down its thread-locals: no record kept
         // (the wait is not boosted past this point).
         let _ = BLOCKED.try_with(|slot| *slot.borrow_mut() = Some(b));
@@ -444,7 +449,7 @@ impl Blocked {
 
 impl Drop for Blocked {
     fn drop(&mut self) {
-        crate::inherit::note_wait(self.me, 0);
+        crate::inherit::note_wait(self.me, 0, self.c);
         // `_boost` is dropped next: its owners are background again.
     }
 }

@@ -27,14 +27,14 @@
 //! and the boosted set lives in the block so the child sees it.
 //!
 //! Chains: every thread that blocks in an interposed wait with a known
-//! owner records whom it waits for (`note_wait`, whatever its class), and
+//! owner records whom it waits for in the block (`note_wait`, whatever its
+//! class, so a chain crosses processes), and
 //! a boost follows those records up to [`CHAIN_MAX`] threads, boosting
 //! each background one (foreground waits for bg-mid's lock, bg-mid waits
 //! for the writer's: both are boosted). Only a foreground thread starts a
 //! boost, so a link made after the walk (a boosted thread that starts a
 //! new wait) is not followed: following it would keep its owner boosted
-//! for that whole wait, after the boost that led there ended. The records
-//! are per process, so a chain through a child process ends at the child.
+//! for that whole wait, after the boost that led there ended.
 //!
 //! Pipes follow the same heuristic across processes: every write to a
 //! pipe records its thread in the block (`Control::pipe_writers`, keyed by
@@ -43,7 +43,7 @@
 //!
 //! Not covered (yet): a condition variable nobody has signalled yet (or a
 //! pipe nobody wrote to), read-write locks held for reading, process-shared
-//! mutexes, `poll`/`epoll` waits, and chains across processes. The condition variable hooks are unversioned
+//! mutexes, and `poll`/`epoll` waits. The condition variable hooks are unversioned
 //! and call glibc's GLIBC_2.3.2 functions, so a binary linked against the
 //! condition variables of glibc before 2.3.2 (2003) must run with
 //! `inherit_locks = false`.
@@ -258,19 +258,19 @@ pub fn pipe_writer(pipe: u64, c: &Control) -> i32 {
     LastThread::get(&c.pipe_writers, pipe)
 }
 
-/// Who each blocked thread of this process waits for, so that a boost
-/// follows a chain: `(tid << 32) | owner` per slot, direct-mapped by tid (a
+/// Who each blocked thread of the tree waits for, so that a boost follows
+/// a chain, also into another process (a foreground `waitpid` for a child
+/// whose main thread waits for its own background writer): the block's
+/// `waits`, `(tid << 32) | owner` per slot, direct-mapped by tid (a
 /// collision loses one link of a chain, never correctness). Set by every
 /// thread that blocks in an interposed wait with a known owner (a lock's
-/// owner, a condition variable's last signaller, a child), whatever its
-/// class, and cleared when the wait ends.
-const WAIT_SLOTS: usize = 1024;
-static WAITS: [AtomicU64; WAIT_SLOTS] = [const { AtomicU64::new(0) }; WAIT_SLOTS];
-
+/// owner, a condition variable's last signaller, a pipe's last writer, a
+/// child), whatever its class, and cleared when the wait ends.
+///
 /// `tid` blocks until `owner` lets it go (0: the wait ended; the slot is
 /// cleared only if it still holds `tid`'s record, not a colliding thread's).
-pub fn note_wait(tid: i32, owner: i32) {
-    let slot = &WAITS[home(tid, WAIT_SLOTS)];
+pub fn note_wait(tid: i32, owner: i32, c: &Control) {
+    let slot = &c.waits[home(tid, critio_control::WAIT_SLOTS)];
     if owner > 0 {
         slot.store(
             (u64::from(tid as u32) << 32) | u64::from(owner as u32),
@@ -285,8 +285,8 @@ pub fn note_wait(tid: i32, owner: i32) {
 }
 
 /// Whom `tid` waits for now (0: nobody known).
-pub fn waiting_for(tid: i32) -> i32 {
-    let v = WAITS[home(tid, WAIT_SLOTS)].load(Ordering::Relaxed);
+pub fn waiting_for(tid: i32, c: &Control) -> i32 {
+    let v = c.waits[home(tid, critio_control::WAIT_SLOTS)].load(Ordering::Relaxed);
     if (v >> 32) as u32 == tid as u32 {
         (v & 0xffff_ffff) as i32
     } else {
@@ -325,7 +325,7 @@ impl<'a> Boost<'a> {
                 b.tids[b.n] = cur;
                 b.n += 1;
             }
-            cur = waiting_for(cur);
+            cur = waiting_for(cur, c);
         }
         (b.n > 0).then_some(b)
     }

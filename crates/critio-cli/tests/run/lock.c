@@ -10,7 +10,12 @@
  *
  * With `chain`, a second background thread ("bg-mid") takes a mutex m1
  * and then waits for the writer's mutex; the main thread waits for m1: it
- * waits for the writer only through bg-mid. */
+ * waits for the writer only through bg-mid.
+ *
+ * With `fork-chain`, the chain crosses a process: a child process starts
+ * the writer and its main thread waits for the writer's mutex; the main
+ * thread waits for the child (waitpid), so for the writer only through
+ * the child's main thread. */
 #define _GNU_SOURCE
 #include <fcntl.h>
 #include <pthread.h>
@@ -18,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -99,14 +105,43 @@ static void *mid(void *arg) {
     return NULL;
 }
 
+/* fork-chain: returns in the parent only. */
+static void fork_chain(void) {
+    pid_t child = fork();
+    if (child < 0) {
+        perror("fork");
+        exit(2);
+    }
+    if (child == 0) {
+        pthread_t t;
+        pthread_create(&t, NULL, writer, NULL);
+        while (!held)
+            usleep(1000);
+        pthread_mutex_lock(&m); /* blocks: the writer holds it */
+        pthread_mutex_unlock(&m);
+        pthread_join(t, NULL);
+        _exit(0);
+    }
+    usleep(300000); /* the child's main thread is blocked on the mutex by now */
+    double t0 = now();
+    int status;
+    waitpid(child, &status, 0);
+    double waited = now() - t0;
+    unlink(path);
+    printf("waited %.3f\n", waited);
+    exit(WIFEXITED(status) && WEXITSTATUS(status) == 0 ? 0 : 2);
+}
+
 int main(int argc, char **argv) {
     if (argc != 3 && !(argc == 4 && (strcmp(argv[3], "rwlock") == 0 || strcmp(argv[3], "cond") == 0 ||
-                                     strcmp(argv[3], "chain") == 0))) {
-        fprintf(stderr, "usage: lock FILE MIB [rwlock|cond|chain]\n");
+                                     strcmp(argv[3], "chain") == 0 || strcmp(argv[3], "fork-chain") == 0))) {
+        fprintf(stderr, "usage: lock FILE MIB [rwlock|cond|chain|fork-chain]\n");
         return 2;
     }
     path = argv[1];
     mib = atoi(argv[2]);
+    if (argc == 4 && strcmp(argv[3], "fork-chain") == 0)
+        fork_chain();
     use_rw = argc == 4 && strcmp(argv[3], "rwlock") == 0;
     use_cond = argc == 4 && strcmp(argv[3], "cond") == 0;
     use_chain = argc == 4 && strcmp(argv[3], "chain") == 0;
