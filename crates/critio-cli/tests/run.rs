@@ -370,6 +370,11 @@ fn a_foreground_reader_lifts_the_pacing_of_the_background_rwlock_writer() {
 }
 
 #[test]
+fn a_foreground_writer_lifts_the_pacing_of_the_background_rwlock_reader() {
+    owner_is_boosted(&["rdheld"]);
+}
+
+#[test]
 fn a_foreground_condvar_waiter_lifts_the_pacing_of_the_background_signaller() {
     owner_is_boosted(&["cond"]);
 }

@@ -593,6 +593,16 @@ impl LastThread {
         table[slot].store((tag << Self::TID_BITS) | tid, Ordering::Relaxed);
     }
 
+    /// Forgets `tid` as the last thread of `key`, if it still is.
+    pub fn forget(table: &[AtomicU64], key: u64, tid: i32) {
+        let (slot, tag) = Self::hash(key, table.len());
+        let tid = u64::from(tid as u32) & ((1 << Self::TID_BITS) - 1);
+        let mine = (tag << Self::TID_BITS) | tid;
+        if table[slot].load(Ordering::Relaxed) == mine {
+            let _ = table[slot].compare_exchange(mine, 0, Ordering::Relaxed, Ordering::Relaxed);
+        }
+    }
+
     /// The last thread that acted on `key` (0: none recorded).
     pub fn get(table: &[AtomicU64], key: u64) -> i32 {
         let (slot, tag) = Self::hash(key, table.len());
@@ -625,6 +635,11 @@ mod tests {
         LastThread::note(&table, other, 99);
         assert_eq!(LastThread::get(&table, other), 99);
         assert_eq!(LastThread::get(&table, 7), 0);
+        // Only the thread recorded is forgotten.
+        LastThread::forget(&table, other, 98);
+        assert_eq!(LastThread::get(&table, other), 99);
+        LastThread::forget(&table, other, 99);
+        assert_eq!(LastThread::get(&table, other), 0);
     }
 
     #[test]

@@ -39,6 +39,7 @@ real_fn!(real_rdlock = "pthread_rwlock_rdlock": fn(*mut libc::pthread_rwlock_t) 
 real_fn!(real_tryrdlock = "pthread_rwlock_tryrdlock": fn(*mut libc::pthread_rwlock_t) -> c_int);
 real_fn!(real_wrlock = "pthread_rwlock_wrlock": fn(*mut libc::pthread_rwlock_t) -> c_int);
 real_fn!(real_trywrlock = "pthread_rwlock_trywrlock": fn(*mut libc::pthread_rwlock_t) -> c_int);
+real_fn!(real_rwunlock = "pthread_rwlock_unlock": fn(*mut libc::pthread_rwlock_t) -> c_int);
 
 /// A call the library looks at: the block, the thread's class, the time
 /// the real call started (0: not timed), and the re-entrancy mark.
@@ -387,6 +388,7 @@ pub fn resolve_all() {
         real_tryrdlock(),
         real_wrlock(),
         real_trywrlock(),
+        real_rwunlock(),
     );
     let _ = (
         real_cond_signal(),
@@ -423,8 +425,7 @@ thread_local! {
 
 impl Blocked {
     fn start(c: &'static Control, owner: i32) {
-        // SAFETY: gettid has no preconditions.
-        let me = unsafe { libc::gettid() };
+        let me = thread::tid();
         crate::inherit::note_wait(me, owner, c);
         let boost = if thread::class(c) == Class::Foreground {
             crate::inherit::Boost::of(owner, me, c)
@@ -503,25 +504,45 @@ pub unsafe extern "C" fn pthread_mutex_lock(m: *mut libc::pthread_mutex_t) -> c_
 /// # Safety
 /// As `pthread_rwlock_rdlock(3)`: `l` is an initialized read-write lock.
 /// A reader waits only for a writer, whose tid glibc records, so a
-/// foreground reader boosts a background writer.
+/// foreground reader boosts a background writer. A reader that has the
+/// lock is recorded as its last reader (see [`pthread_rwlock_wrlock`]).
 #[no_mangle]
 pub unsafe extern "C" fn pthread_rwlock_rdlock(l: *mut libc::pthread_rwlock_t) -> c_int {
     let Some(real) = real_rdlock() else {
         return libc::EINVAL;
     };
-    lock_inheriting(l, real, real_tryrdlock(), crate::inherit::writer)
+    let r = lock_inheriting(l, real, real_tryrdlock(), crate::inherit::writer);
+    if r == 0 && control().is_some_and(|c| c.inherit_locks != 0) {
+        crate::inherit::note_reader(l, thread::tid());
+    }
+    r
 }
 
 /// # Safety
 /// As `pthread_rwlock_wrlock(3)`: `l` is an initialized read-write lock.
-/// A foreground writer boosts a background writer that holds it; readers
-/// are not recorded anywhere, so a lock held for reading boosts nobody.
+/// A foreground writer boosts a background writer that holds it, or, if
+/// it is held for reading, the last reader that took it and has not
+/// unlocked it yet (glibc records no readers; the library does).
 #[no_mangle]
 pub unsafe extern "C" fn pthread_rwlock_wrlock(l: *mut libc::pthread_rwlock_t) -> c_int {
     let Some(real) = real_wrlock() else {
         return libc::EINVAL;
     };
-    lock_inheriting(l, real, real_trywrlock(), crate::inherit::writer)
+    lock_inheriting(l, real, real_trywrlock(), crate::inherit::holder)
+}
+
+/// # Safety
+/// As `pthread_rwlock_unlock(3)`: `l` is a read-write lock the caller
+/// holds. A reader that unlocks is no longer the lock's last reader.
+#[no_mangle]
+pub unsafe extern "C" fn pthread_rwlock_unlock(l: *mut libc::pthread_rwlock_t) -> c_int {
+    let Some(real) = real_rwunlock() else {
+        return libc::EINVAL;
+    };
+    if control().is_some_and(|c| c.inherit_locks != 0) {
+        crate::inherit::reader_left(l, thread::tid());
+    }
+    real(l)
 }
 
 /// After a write to `fd` that was not a file's: if `fd` is a pipe, the
@@ -607,8 +628,7 @@ fn signalling(cond: *mut libc::pthread_cond_t) {
     };
     let errno = Errno::save();
     thread::class(c); // classified, so a waiter can tell it is background
-                      // SAFETY: gettid has no preconditions.
-    crate::inherit::note_signaler(cond, unsafe { libc::gettid() });
+    crate::inherit::note_signaler(cond, thread::tid());
     errno.restore();
 }
 

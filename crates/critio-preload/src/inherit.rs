@@ -8,9 +8,11 @@
 //!
 //! The owner is read from glibc's mutex (`__data.__owner`, the third int,
 //! which glibc keeps for every mutex kind), and from a read-write lock its
-//! writer (`__cur_writer`, the seventh int). Readers are recorded nowhere,
-//! so a lock held for reading boosts nobody: a foreground writer waiting
-//! for background readers waits as before. Threads' classes are kept in a
+//! writer (`__cur_writer`, the seventh int). glibc records no readers, so
+//! the library records each lock's last reader until it unlocks
+//! (`note_reader`): a foreground writer that finds the lock held for
+//! reading boosts that one (other readers still inside are not known).
+//! Threads' classes are kept in a
 //! small process-wide table (`note_class`), since a waiter must know
 //! whether the owner is background.
 //!
@@ -42,8 +44,8 @@
 //! blocking pipe is about to block boosts that writer for the read.
 //!
 //! Not covered (yet): a condition variable nobody has signalled yet (or a
-//! pipe nobody wrote to), read-write locks held for reading, process-shared
-//! mutexes, and `poll`/`epoll` waits. The condition variable hooks are unversioned
+//! pipe nobody wrote to), readers of a read-write lock other than its last
+//! one, process-shared mutexes, and `poll`/`epoll` waits. The condition variable hooks are unversioned
 //! and call glibc's GLIBC_2.3.2 functions, so a binary linked against the
 //! condition variables of glibc before 2.3.2 (2003) must run with
 //! `inherit_locks = false`.
@@ -246,6 +248,36 @@ pub fn note_signaler(cond: *const libc::pthread_cond_t, tid: i32) {
 /// The last thread that signalled `cond` (0: none recorded).
 pub fn signaler(cond: *const libc::pthread_cond_t) -> i32 {
     LastThread::get(&SIGNALERS, cond as usize as u64)
+}
+
+/// The last thread that took each read-write lock for reading and has not
+/// yet unlocked it, a [`LastThread`] table keyed by the lock's address
+/// (per process). A foreground writer that finds the lock held for reading
+/// boosts that reader: the one most likely still in its critical section.
+/// Other readers that still hold the lock are not recorded.
+const RWLOCK_SLOTS: usize = 1024;
+static READERS: [AtomicU64; RWLOCK_SLOTS] = [const { AtomicU64::new(0) }; RWLOCK_SLOTS];
+
+/// `tid` took `l` for reading.
+pub fn note_reader(l: *const libc::pthread_rwlock_t, tid: i32) {
+    LastThread::note(&READERS, l as usize as u64, tid);
+}
+
+/// `tid` unlocks `l`: no longer its last reader.
+pub fn reader_left(l: *const libc::pthread_rwlock_t, tid: i32) {
+    LastThread::forget(&READERS, l as usize as u64, tid);
+}
+
+/// Whom a writer of `l` waits for: the writer holding it, else the last
+/// reader recorded (0: none known).
+///
+/// # Safety
+/// As [`writer`].
+pub unsafe fn holder(l: *mut libc::pthread_rwlock_t) -> i32 {
+    match writer(l) {
+        0 => LastThread::get(&READERS, l as usize as u64),
+        w => w,
+    }
 }
 
 /// `tid` wrote to the pipe whose key is `pipe` (see `pace::pipe_key`).

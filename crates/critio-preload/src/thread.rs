@@ -28,6 +28,22 @@ thread_local! {
     static GEN: Cell<u64> = const { Cell::new(u64::MAX) };
     static CHECKED: Cell<u64> = const { Cell::new(0) };
     static IN_LIBRARY: Cell<bool> = const { Cell::new(false) };
+    /// The thread's id and the fork generation it was read in.
+    static TID: Cell<(u64, i32)> = const { Cell::new((u64::MAX, 0)) };
+}
+
+/// The calling thread's id, cached (a fork child's thread has a new one).
+pub fn tid() -> i32 {
+    let gen = FORK_GEN.load(Ordering::Relaxed);
+    TID.with(|t| match t.get() {
+        (g, tid) if g == gen => tid,
+        _ => {
+            // SAFETY: gettid has no preconditions.
+            let tid = unsafe { libc::gettid() };
+            t.set((gen, tid));
+            tid
+        }
+    })
 }
 
 /// Marks the thread as inside the library until dropped; None if it

@@ -2,7 +2,8 @@
  * a read-write lock for writing) and, holding it, writes MIB MiB to a
  * file (paced by critio run); the main thread (foreground) then waits for
  * the lock (for reading, if a read-write lock) and prints how long it
- * waited, in seconds.
+ * waited, in seconds. With `rdheld`, the background thread holds the
+ * read-write lock for reading and the main thread waits to write.
  *
  * With `cond`, nothing is held: the background thread signals a condition
  * variable once (ready), writes MIB MiB, and signals it again (done); the
@@ -29,7 +30,7 @@
 
 static pthread_mutex_t m = PTHREAD_MUTEX_INITIALIZER;
 static pthread_rwlock_t rw = PTHREAD_RWLOCK_INITIALIZER;
-static int use_rw, use_cond, use_chain;
+static int use_rw, use_rdheld, use_cond, use_chain;
 static pthread_mutex_t m1 = PTHREAD_MUTEX_INITIALIZER;
 static volatile int mid_held;
 static pthread_cond_t cv = PTHREAD_COND_INITIALIZER;
@@ -59,7 +60,9 @@ static void *writer(void *arg) {
         ready = 1;
         pthread_cond_signal(&cv);
         pthread_mutex_unlock(&m);
-    } else if (use_rw)
+    } else if (use_rdheld)
+        pthread_rwlock_rdlock(&rw);
+    else if (use_rw)
         pthread_rwlock_wrlock(&rw);
     else
         pthread_mutex_lock(&m);
@@ -75,7 +78,7 @@ static void *writer(void *arg) {
         done = 1;
         pthread_cond_signal(&cv);
         pthread_mutex_unlock(&m);
-    } else if (use_rw)
+    } else if (use_rw || use_rdheld)
         pthread_rwlock_unlock(&rw);
     else
         pthread_mutex_unlock(&m);
@@ -134,8 +137,9 @@ static void fork_chain(void) {
 
 int main(int argc, char **argv) {
     if (argc != 3 && !(argc == 4 && (strcmp(argv[3], "rwlock") == 0 || strcmp(argv[3], "cond") == 0 ||
-                                     strcmp(argv[3], "chain") == 0 || strcmp(argv[3], "fork-chain") == 0))) {
-        fprintf(stderr, "usage: lock FILE MIB [rwlock|cond|chain|fork-chain]\n");
+                                     strcmp(argv[3], "chain") == 0 || strcmp(argv[3], "fork-chain") == 0 ||
+                                     strcmp(argv[3], "rdheld") == 0))) {
+        fprintf(stderr, "usage: lock FILE MIB [rwlock|rdheld|cond|chain|fork-chain]\n");
         return 2;
     }
     path = argv[1];
@@ -143,6 +147,7 @@ int main(int argc, char **argv) {
     if (argc == 4 && strcmp(argv[3], "fork-chain") == 0)
         fork_chain();
     use_rw = argc == 4 && strcmp(argv[3], "rwlock") == 0;
+    use_rdheld = argc == 4 && strcmp(argv[3], "rdheld") == 0;
     use_cond = argc == 4 && strcmp(argv[3], "cond") == 0;
     use_chain = argc == 4 && strcmp(argv[3], "chain") == 0;
     pthread_t t;
@@ -178,12 +183,14 @@ int main(int argc, char **argv) {
         printf("waited %.3f\n", waited);
         return 0;
     }
-    if (use_rw)
+    if (use_rdheld)
+        pthread_rwlock_wrlock(&rw);
+    else if (use_rw)
         pthread_rwlock_rdlock(&rw);
     else
         pthread_mutex_lock(&m);
     double waited = now() - t0;
-    if (use_rw)
+    if (use_rw || use_rdheld)
         pthread_rwlock_unlock(&rw);
     else
         pthread_mutex_unlock(&m);
