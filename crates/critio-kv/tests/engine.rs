@@ -211,6 +211,12 @@ fn background_jobs_complete_while_writes_go_on() {
     let s = e.background_stats();
     assert_eq!(s.snapshots, 1, "{s:?}");
     assert!(s.last_snapshot_keys >= 500, "{s:?}");
+    // 900 equal bytes per value: the dump is compressed, as Redis's RDB.
+    assert!(s.last_snapshot_raw_bytes >= 500 * 900, "{s:?}");
+    assert!(
+        s.last_snapshot_bytes * 10 < s.last_snapshot_raw_bytes,
+        "{s:?}"
+    );
     assert_eq!(s.rewrites, 1);
     assert!(s.last_error.is_none(), "{s:?}");
     assert_eq!(e.dbsize(), 500, "the rewrite dropped the expired keys");

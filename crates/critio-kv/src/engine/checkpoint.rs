@@ -75,6 +75,10 @@ pub struct BackgroundStats {
     pub last_snapshot_ms: f64,
     /// Keys written by the last snapshot.
     pub last_snapshot_keys: u64,
+    /// The last snapshot's body as stored in the dump file (compressed).
+    pub last_snapshot_bytes: u64,
+    /// The same entries before compression.
+    pub last_snapshot_raw_bytes: u64,
     /// Value-log rewrites (BGREWRITEAOF) completed.
     pub rewrites: u64,
     /// Records the last rewrite copied (live ones).

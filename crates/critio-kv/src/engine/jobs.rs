@@ -12,9 +12,18 @@
 //! request that needs a stripe they hold makes them critical for that
 //! moment.
 //!
+//! The dump is compressed, as Redis compresses its RDB file
+//! (`rdbcompression`, on by default): entries are gathered into frames of
+//! about [`DUMP_CHUNK`] and each frame is stored LZ4-compressed (the
+//! `lz4_flex` crate's block format), so a snapshot of compressible values
+//! writes a fraction of their bytes. Version 1 dumps (uncompressed) still
+//! load.
+//!
 //! ```text
 //!  dump file: | header page: "CKVD" | version u32 | keys u64 | body bytes u64 | crc32c(body) u32 |
-//!             | body: (klen u32 | key | kind u8 | expire_ms u64 | vlen u32 | value)* |
+//!             | body (v2): (raw len u32 | stored len u32 | LZ4 block of entries)* |
+//!             | body (v1): entries                                               |
+//!  entry:     klen u32 | key | kind u8 | expire_ms u64 | vlen u32 | value
 //! ```
 
 use std::time::Instant;
@@ -26,18 +35,38 @@ use super::vlog::Flow;
 use super::{Engine, EngineError, Inner};
 
 const DUMP_MAGIC: &[u8; 4] = b"CKVD";
-const DUMP_VERSION: u32 = 1;
-/// Bytes buffered before a dump write.
+/// Version 2: the body is LZ4-compressed frames. Version 1 (raw entries)
+/// still loads.
+const DUMP_VERSION: u32 = 2;
+/// Entry bytes gathered into one compressed frame (and the stored bytes
+/// buffered before a dump write).
 const DUMP_CHUNK: usize = 1 << 20;
+/// A frame's header: raw length u32, stored length u32.
+const FRAME_HEADER: usize = 8;
 
-/// Streams entries into the dump file, whole pages at a time.
+/// Streams entries into the dump file: compressed a frame at a time,
+/// written whole pages at a time.
 struct DumpWriter<'a> {
     inner: &'a Inner,
     offset: u64,
+    /// Entries not yet compressed.
+    raw: Vec<u8>,
+    /// Stored (compressed) bytes not yet written.
     buf: Vec<u8>,
     crc: u32,
     body: u64,
+    /// Entry bytes before compression.
+    raw_bytes: u64,
     keys: u64,
+}
+
+/// What a finished dump holds.
+struct DumpSize {
+    keys: u64,
+    /// The body's bytes as stored (compressed).
+    stored: u64,
+    /// The entries' bytes before compression.
+    raw: u64,
 }
 
 impl DumpWriter<'_> {
@@ -48,21 +77,41 @@ impl DumpWriter<'_> {
         expire: u64,
         value: &[u8],
     ) -> Result<(), EngineError> {
-        let mut e = Vec::with_capacity(17 + key.len() + value.len());
+        let e = &mut self.raw;
         e.extend_from_slice(&(key.len() as u32).to_le_bytes());
         e.extend_from_slice(key);
         e.push(kind);
         e.extend_from_slice(&expire.to_le_bytes());
         e.extend_from_slice(&(value.len() as u32).to_le_bytes());
         e.extend_from_slice(value);
-        self.crc = crc32c::crc32c_append(self.crc, &e);
-        self.body += e.len() as u64;
         self.keys += 1;
-        self.buf.extend_from_slice(&e);
-        if self.buf.len() >= DUMP_CHUNK {
+        if self.raw.len() >= DUMP_CHUNK {
+            self.frame();
             self.write(false)?;
         }
         Ok(())
+    }
+
+    /// Compresses the gathered entries into one frame of the body.
+    fn frame(&mut self) {
+        if self.raw.is_empty() {
+            return;
+        }
+        let start = self.buf.len();
+        self.buf
+            .extend_from_slice(&(self.raw.len() as u32).to_le_bytes());
+        self.buf.extend_from_slice(&[0; 4]);
+        let bound = lz4_flex::block::get_maximum_output_size(self.raw.len());
+        self.buf.resize(start + FRAME_HEADER + bound, 0);
+        let stored =
+            lz4_flex::block::compress_into(&self.raw, &mut self.buf[start + FRAME_HEADER..])
+                .expect("the output holds the compression bound");
+        self.buf.truncate(start + FRAME_HEADER + stored);
+        self.buf[start + 4..start + FRAME_HEADER].copy_from_slice(&(stored as u32).to_le_bytes());
+        self.crc = crc32c::crc32c_append(self.crc, &self.buf[start..]);
+        self.body += (FRAME_HEADER + stored) as u64;
+        self.raw_bytes += self.raw.len() as u64;
+        self.raw.clear();
     }
 
     /// Writes the whole pages buffered (all of it, padded, if `last`).
@@ -91,7 +140,8 @@ impl DumpWriter<'_> {
         Ok(())
     }
 
-    fn finish(mut self) -> Result<u64, EngineError> {
+    fn finish(mut self) -> Result<DumpSize, EngineError> {
+        self.frame();
         self.write(true)?;
         let mut head = Vec::with_capacity(self.inner.layout.page as usize);
         head.extend_from_slice(DUMP_MAGIC);
@@ -102,7 +152,11 @@ impl DumpWriter<'_> {
         head.resize(self.inner.layout.page as usize, 0);
         self.inner.cache.write(self.inner.dump, 0, &head)?;
         self.inner.cache.flush_file(self.inner.dump)?;
-        Ok(self.keys)
+        Ok(DumpSize {
+            keys: self.keys,
+            stored: self.body,
+            raw: self.raw_bytes,
+        })
     }
 }
 
@@ -116,22 +170,26 @@ impl Inner {
         for s in 0..STRIPES {
             self.index.lock(s).end_snapshot();
         }
-        let keys = result?;
+        let size = result?;
         let mut bg = self.bg.lock();
         bg.stats.snapshots += 1;
         bg.stats.last_snapshot_ms = started.elapsed().as_secs_f64() * 1e3;
-        bg.stats.last_snapshot_keys = keys;
+        bg.stats.last_snapshot_keys = size.keys;
+        bg.stats.last_snapshot_bytes = size.stored;
+        bg.stats.last_snapshot_raw_bytes = size.raw;
         Ok(())
     }
 
-    fn write_dump(&self, (from, to): (u64, u64)) -> Result<u64, EngineError> {
+    fn write_dump(&self, (from, to): (u64, u64)) -> Result<DumpSize, EngineError> {
         let now = now_ms();
         let mut w = DumpWriter {
             inner: self,
             offset: self.layout.page,
+            raw: Vec::with_capacity(DUMP_CHUNK + (64 << 10)),
             buf: Vec::with_capacity(2 * DUMP_CHUNK),
             crc: 0,
             body: 0,
+            raw_bytes: 0,
             keys: 0,
         };
         self.vlog.scan(from, to, |addr, r, _| {
@@ -176,7 +234,8 @@ impl Engine {
             return Ok(Vec::new());
         }
         let bad = |why: &str| EngineError::Corrupt(format!("dump file: {why}"));
-        if r.u32() != Some(DUMP_VERSION) {
+        let version = r.u32();
+        if !matches!(version, Some(1) | Some(DUMP_VERSION)) {
             return Err(bad("unknown version"));
         }
         let (keys, body, crc) = match (r.u64(), r.u64(), r.u32()) {
@@ -195,6 +254,10 @@ impl Engine {
         if crc32c::crc32c(&bytes) != crc {
             return Err(bad("checksum"));
         }
+        let bytes = match version {
+            Some(1) => bytes,
+            _ => decompress_frames(&bytes).ok_or_else(|| bad("compressed frame"))?,
+        };
         let mut r = Reader(&bytes);
         let mut out = Vec::with_capacity(keys.min(1 << 20) as usize);
         for _ in 0..keys {
@@ -212,5 +275,54 @@ impl Engine {
             out.push(entry.ok_or_else(|| bad("entry layout"))?);
         }
         Ok(out)
+    }
+}
+
+/// The entries of a version 2 body: every frame decompressed, in order
+/// (None: a frame is cut short or does not decompress to its length).
+fn decompress_frames(mut body: &[u8]) -> Option<Vec<u8>> {
+    let mut out = Vec::new();
+    while !body.is_empty() {
+        let mut r = Reader(body);
+        let (raw, stored) = (r.u32()? as usize, r.u32()? as usize);
+        let frame = body.get(FRAME_HEADER..FRAME_HEADER + stored)?;
+        let start = out.len();
+        out.resize(start + raw, 0);
+        let n = lz4_flex::block::decompress_into(frame, &mut out[start..]).ok()?;
+        if n != raw {
+            return None;
+        }
+        body = &body[FRAME_HEADER + stored..];
+    }
+    Some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn frame(raw: &[u8]) -> Vec<u8> {
+        let stored = lz4_flex::block::compress(raw);
+        let mut f = (raw.len() as u32).to_le_bytes().to_vec();
+        f.extend_from_slice(&(stored.len() as u32).to_le_bytes());
+        f.extend_from_slice(&stored);
+        f
+    }
+
+    #[test]
+    fn frames_decompress_in_order_and_damage_is_refused() {
+        let (a, b) = (vec![7u8; 5000], b"entries of the second frame".to_vec());
+        let mut body = frame(&a);
+        body.extend_from_slice(&frame(&b));
+        assert!(body.len() < 200, "equal bytes compress: {}", body.len());
+        let mut want = a.clone();
+        want.extend_from_slice(&b);
+        assert_eq!(decompress_frames(&body), Some(want));
+        assert_eq!(decompress_frames(&[]), Some(vec![]));
+        // Cut short, or a raw length the frame does not decompress to.
+        assert_eq!(decompress_frames(&body[..body.len() - 1]), None);
+        let mut lying = frame(&a);
+        lying[..4].copy_from_slice(&4000u32.to_le_bytes());
+        assert_eq!(decompress_frames(&lying), None);
     }
 }

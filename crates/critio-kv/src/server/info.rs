@@ -264,6 +264,8 @@ fn persistence(s: &Shared, out: &mut String) {
         format!("{:.3}", b.last_snapshot_ms),
     );
     kv(out, "rdb_last_bgsave_keys", b.last_snapshot_keys);
+    kv(out, "rdb_last_bgsave_bytes", b.last_snapshot_bytes);
+    kv(out, "rdb_last_bgsave_raw_bytes", b.last_snapshot_raw_bytes);
     kv(out, "aof_rewrite_in_progress", u8::from(rewrite));
     kv(
         out,
