@@ -38,8 +38,8 @@ const DUMP_MAGIC: &[u8; 4] = b"CKVD";
 /// Version 2: the body is LZ4-compressed frames. Version 1 (raw entries)
 /// still loads.
 const DUMP_VERSION: u32 = 2;
-/// Entry bytes gathered into one compressed frame (and the stored bytes
-/// buffered before a dump write).
+/// Entry bytes gathered into one compressed frame, and stored bytes
+/// buffered before a dump write.
 const DUMP_CHUNK: usize = 1 << 20;
 /// A frame's header: raw length u32, stored length u32.
 const FRAME_HEADER: usize = 8;
@@ -87,7 +87,9 @@ impl DumpWriter<'_> {
         self.keys += 1;
         if self.raw.len() >= DUMP_CHUNK {
             self.frame();
-            self.write(false)?;
+            if self.buf.len() >= DUMP_CHUNK {
+                self.write(false)?;
+            }
         }
         Ok(())
     }
@@ -235,7 +237,7 @@ impl Engine {
         }
         let bad = |why: &str| EngineError::Corrupt(format!("dump file: {why}"));
         let version = r.u32();
-        if !matches!(version, Some(1) | Some(DUMP_VERSION)) {
+        if !matches!(version, Some(1 | DUMP_VERSION)) {
             return Err(bad("unknown version"));
         }
         let (keys, body, crc) = match (r.u64(), r.u64(), r.u32()) {
@@ -254,45 +256,66 @@ impl Engine {
         if crc32c::crc32c(&bytes) != crc {
             return Err(bad("checksum"));
         }
-        let bytes = match version {
-            Some(1) => bytes,
-            _ => decompress_frames(&bytes).ok_or_else(|| bad("compressed frame"))?,
-        };
-        let mut r = Reader(&bytes);
-        let mut out = Vec::with_capacity(keys.min(1 << 20) as usize);
-        for _ in 0..keys {
-            let entry = (|| {
-                let key = r.bytes()?.to_vec();
-                let kind = r.u8()?;
-                let expire_at_ms = r.u64()?;
-                let value = Value::decode(kind, r.bytes()?)?;
-                Some(Entry {
-                    key,
-                    expire_at_ms,
-                    value,
-                })
-            })();
-            out.push(entry.ok_or_else(|| bad("entry layout"))?);
-        }
-        Ok(out)
+        dump_entries(version.unwrap_or(0), keys, bytes)
     }
 }
 
+/// The `keys` entries of a dump body of `version` (checksum checked).
+fn dump_entries(version: u32, keys: u64, body: Vec<u8>) -> Result<Vec<Entry>, EngineError> {
+    let bad = |why: &str| EngineError::Corrupt(format!("dump file: {why}"));
+    let bytes = match version {
+        1 => body,
+        _ => {
+            let raw = decompress_frames(&body);
+            drop(body); // not kept while the entries are parsed
+            raw.ok_or_else(|| bad("compressed frame"))?
+        }
+    };
+    let mut r = Reader(&bytes);
+    let mut out = Vec::with_capacity(keys.min(1 << 20) as usize);
+    for _ in 0..keys {
+        let entry = (|| {
+            let key = r.bytes()?.to_vec();
+            let kind = r.u8()?;
+            let expire_at_ms = r.u64()?;
+            let value = Value::decode(kind, r.bytes()?)?;
+            Some(Entry {
+                key,
+                expire_at_ms,
+                value,
+            })
+        })();
+        out.push(entry.ok_or_else(|| bad("entry layout"))?);
+    }
+    Ok(out)
+}
+
+/// LZ4's block format cannot expand a byte more than about 255 times: a
+/// frame claiming more is damaged (checked before anything is allocated
+/// for it).
+const LZ4_RATIO_MAX: usize = 255;
+
 /// The entries of a version 2 body: every frame decompressed, in order
-/// (None: a frame is cut short or does not decompress to its length).
+/// (None: a frame is cut short, claims more than its stored bytes can
+/// hold, or does not decompress to its length).
 fn decompress_frames(mut body: &[u8]) -> Option<Vec<u8>> {
     let mut out = Vec::new();
     while !body.is_empty() {
         let mut r = Reader(body);
         let (raw, stored) = (r.u32()? as usize, r.u32()? as usize);
-        let frame = body.get(FRAME_HEADER..FRAME_HEADER + stored)?;
+        let end = FRAME_HEADER.checked_add(stored)?;
+        let frame = body.get(FRAME_HEADER..end)?;
+        if raw > stored.saturating_mul(LZ4_RATIO_MAX).saturating_add(16) {
+            return None;
+        }
         let start = out.len();
+        out.try_reserve(raw).ok()?;
         out.resize(start + raw, 0);
         let n = lz4_flex::block::decompress_into(frame, &mut out[start..]).ok()?;
         if n != raw {
             return None;
         }
-        body = &body[FRAME_HEADER + stored..];
+        body = &body[end..];
     }
     Some(out)
 }
@@ -324,5 +347,36 @@ mod tests {
         let mut lying = frame(&a);
         lying[..4].copy_from_slice(&4000u32.to_le_bytes());
         assert_eq!(decompress_frames(&lying), None);
+        // A header claiming 4 GiB from nothing is refused before anything
+        // is allocated for it.
+        let mut huge = u32::MAX.to_le_bytes().to_vec();
+        huge.extend_from_slice(&0u32.to_le_bytes());
+        assert_eq!(decompress_frames(&huge), None);
+    }
+
+    fn entry_bytes(key: &[u8], value: &[u8]) -> Vec<u8> {
+        let mut e = (key.len() as u32).to_le_bytes().to_vec();
+        e.extend_from_slice(key);
+        e.push(crate::engine::entry::KIND_STR);
+        e.extend_from_slice(&0u64.to_le_bytes());
+        e.extend_from_slice(&(value.len() as u32).to_le_bytes());
+        e.extend_from_slice(value);
+        e
+    }
+
+    #[test]
+    fn both_dump_versions_load_and_a_short_body_is_refused() {
+        let mut raw = entry_bytes(b"a", b"1");
+        raw.extend_from_slice(&entry_bytes(b"b", &[2; 3000]));
+        let v1 = dump_entries(1, 2, raw.clone()).unwrap();
+        let v2 = dump_entries(2, 2, frame(&raw)).unwrap();
+        assert_eq!(v1, v2);
+        assert_eq!(v1[1].key, b"b");
+        assert_eq!(v1[1].value, Value::Str(vec![2; 3000]));
+        assert!(
+            dump_entries(1, 3, raw.clone()).is_err(),
+            "a third entry is missing"
+        );
+        assert!(dump_entries(2, 2, frame(&raw[..raw.len() - 1])).is_err());
     }
 }
