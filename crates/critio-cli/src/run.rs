@@ -557,6 +557,7 @@ pub fn run(args: RunArgs) -> Result<ExitCode, String> {
                 if pace {
                     ctl.window(block.control());
                 }
+                reap_boosts(block.control());
                 for (flag, sig) in [(&forward, libc::SIGTERM), (&hup, libc::SIGHUP)] {
                     if flag.swap(false, Ordering::Relaxed) {
                         // SAFETY: kill takes integers; the child is ours.
@@ -587,6 +588,60 @@ pub fn run(args: RunArgs) -> Result<ExitCode, String> {
         _ => 1,
     };
     Ok(ExitCode::from(code.clamp(0, 255) as u8))
+}
+
+/// Ends the boosts of waiters that died in their wait (a process killed
+/// while it waited: neither the hook's return nor a thread-local destructor
+/// ran, so the boosted thread would stay unpaced at full priority for
+/// good). A boosted thread left with no waiter gets its background
+/// priorities back, as the waiter's own end of the wait would have given
+/// them: the I/O priority, and the nice value where its process runs as
+/// root (only such a process nices its background threads).
+fn reap_boosts(c: &Control) {
+    for tid in c.reap_boosters(|tid| thread_state(tid).is_some_and(|s| s.alive)) {
+        if c.logged_class(tid) != Some(Class::Background) {
+            continue;
+        }
+        let Some(state) = thread_state(tid) else {
+            continue;
+        };
+        // SAFETY: ioprio_set and setpriority take integers and change only
+        // thread `tid`'s priorities.
+        unsafe {
+            libc::syscall(
+                libc::SYS_ioprio_set,
+                1 as libc::c_long,
+                tid as libc::c_long,
+                libc::c_long::from(c.background_ioprio),
+            );
+            if c.background_nice != 0 && state.root {
+                libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, c.background_nice);
+            }
+        }
+    }
+}
+
+/// What `/proc/TID/status` says of a thread.
+struct ThreadState {
+    /// Neither a zombie nor dead.
+    alive: bool,
+    /// Its effective user is root.
+    root: bool,
+}
+
+/// Thread `tid`'s state (None: no such thread).
+fn thread_state(tid: i32) -> Option<ThreadState> {
+    let status = std::fs::read_to_string(format!("/proc/{tid}/status")).ok()?;
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .map(str::trim)
+    };
+    let alive = field("State:").is_some_and(|s| !s.starts_with('Z') && !s.starts_with('X'));
+    // "Uid: real effective saved fs"
+    let root = field("Uid:").and_then(|u| u.split_whitespace().nth(1)) == Some("0");
+    Some(ThreadState { alive, root })
 }
 
 /// The background rate's controller: AIMD on the foreground's mean fsync
@@ -752,6 +807,23 @@ fn print_explain(c: &Control) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_thread_is_alive_until_it_is_reaped_and_then_gone() {
+        // SAFETY: gettid and geteuid have no preconditions.
+        let (me, root) = unsafe { (libc::gettid(), libc::geteuid() == 0) };
+        let s = thread_state(me).expect("this thread");
+        assert!(s.alive);
+        assert_eq!(s.root, root);
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id() as i32;
+        while thread_state(pid).is_some_and(|s| s.alive) {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert!(thread_state(pid).is_some_and(|s| !s.alive), "a zombie");
+        child.wait().unwrap();
+        assert!(thread_state(pid).is_none(), "reaped");
+    }
 
     #[test]
     fn background_ioprio_parses_and_defaults_by_preset() {

@@ -417,14 +417,11 @@ fn a_boost_follows_a_chain_into_a_child_process() {
 
 #[test]
 fn a_foreground_waitpid_lifts_the_pacing_of_the_background_child() {
-    let Some(py) = python() else {
-        eprintln!("skipped: no python3");
-        return;
-    };
-    let dir = tempfile::tempdir().unwrap();
     // The child writes 6 MiB paced at 1 MiB/s; the parent (the launched
     // process's main thread: foreground) waits for it.
-    let script = r#"
+    python_wait_is_cut_by_inheritance(
+        "child",
+        r#"
 import os, sys, time
 pid = os.fork()
 if pid == 0:
@@ -437,42 +434,19 @@ time.sleep(0.2)  # the child has written (and been classified) by now
 t0 = time.time()
 os.waitpid(pid, 0)
 print(f"waited {time.time() - t0:.3f}")
-"#;
-    let waited = |inherit: bool| {
-        let data = dir.path().join(format!("child-{inherit}"));
-        let args: [&std::ffi::OsStr; 4] = [
-            py.as_ref(),
-            "-c".as_ref(),
-            script.as_ref(),
-            data.as_os_str(),
-        ];
-        paced_wait(dir.path(), inherit, &args)
-    };
-    let (without, err) = waited(false);
-    assert!(
-        without >= 2.0,
-        "the paced child finished in {without} s:\n{err}"
-    );
-    let (with, err) = waited(true);
-    assert!(!err.contains(" 0 lock owners boosted"), "no boost:\n{err}");
-    assert!(
-        with * 2.0 < without,
-        "waited {with} s with inheritance, {without} s without:\n{err}"
+"#,
     );
 }
 
 #[test]
 fn a_foreground_pipe_reader_lifts_the_pacing_of_the_background_writer() {
-    let Some(py) = python() else {
-        eprintln!("skipped: no python3");
-        return;
-    };
-    let dir = tempfile::tempdir().unwrap();
     // The child (background) writes "r" to a pipe, then 6 MiB to a file
     // paced at 1 MiB/s, then "d"; the parent (foreground) reads "r", and
     // then blocks reading the pipe until "d": it waits for the child
     // through the pipe alone (it never calls waitpid, which boosts too).
-    let script = r#"
+    python_wait_is_cut_by_inheritance(
+        "piped",
+        r#"
 import os, sys, time
 r, w = os.pipe()
 pid = os.fork()
@@ -491,9 +465,21 @@ time.sleep(0.2)  # the child is classified and writing by now
 t0 = time.time()
 assert os.read(r, 1) == b"d"
 print(f"waited {time.time() - t0:.3f}")
-"#;
+"#,
+    );
+}
+
+/// Runs a Python `script` (given a data path) under [`paced_wait`] with
+/// inheritance off and on: the foreground wait it prints must be cut by
+/// more than half, and a boost counted, only with inheritance.
+fn python_wait_is_cut_by_inheritance(name: &str, script: &str) {
+    let Some(py) = python() else {
+        eprintln!("skipped: no python3");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
     let waited = |inherit: bool| {
-        let data = dir.path().join(format!("piped-{inherit}"));
+        let data = dir.path().join(format!("{name}-{inherit}"));
         let args: [&std::ffi::OsStr; 4] = [
             py.as_ref(),
             "-c".as_ref(),
@@ -505,13 +491,163 @@ print(f"waited {time.time() - t0:.3f}")
     let (without, err) = waited(false);
     assert!(
         without >= 2.0,
-        "the paced child finished in {without} s:\n{err}"
+        "the paced writer finished in {without} s:\n{err}"
     );
     let (with, err) = waited(true);
     assert!(!err.contains(" 0 lock owners boosted"), "no boost:\n{err}");
     assert!(
         with * 2.0 < without,
         "waited {with} s with inheritance, {without} s without:\n{err}"
+    );
+}
+
+#[test]
+fn a_chain_passes_through_a_background_pipe_reader() {
+    // The parent (foreground) waits for child C; C (background) reads a
+    // pipe that grandchild G writes only after 6 MiB paced at 1 MiB/s. The
+    // parent reaches G only through C's pipe read.
+    python_wait_is_cut_by_inheritance(
+        "pipe-chain",
+        r#"
+import os, sys, time
+ready_r, ready_w = os.pipe()
+c = os.fork()
+if c == 0:
+    r, w = os.pipe()
+    g = os.fork()
+    if g == 0:
+        os.close(r)
+        os.write(w, b"r")
+        fd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT, 0o600)
+        for _ in range(96):
+            os.write(fd, b"x" * 65536)
+        os.close(fd)
+        os.write(w, b"d")
+        os._exit(0)
+    os.close(w)
+    assert os.read(r, 1) == b"r"
+    os.write(ready_w, b"1")  # about to block: G is writing
+    assert os.read(r, 1) == b"d"
+    os._exit(0)
+assert os.read(ready_r, 1) == b"1"
+time.sleep(0.3)  # C is blocked reading by now
+t0 = time.time()
+os.waitpid(c, 0)
+print(f"waited {time.time() - t0:.3f}")
+"#,
+    );
+}
+
+#[test]
+fn a_descriptor_replaced_by_dup2_is_looked_at_afresh() {
+    // The parent reads pipe A (written by a child that then exits) on
+    // descriptor `ra`, then makes `ra` an end of pipe B with dup2 and
+    // blocks on it: B's writer is the paced child, A's a dead one. With
+    // A's key still cached for `ra`, the read would boost the dead writer.
+    python_wait_is_cut_by_inheritance(
+        "dup2",
+        r#"
+import os, sys, time
+ra, wa = os.pipe()
+rb, wb = os.pipe()
+a = os.fork()
+if a == 0:
+    os.write(wa, b"a")
+    os._exit(0)
+os.waitpid(a, 0)
+assert os.read(ra, 1) == b"a"
+b = os.fork()
+if b == 0:
+    os.write(wb, b"r")
+    fd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT, 0o600)
+    for _ in range(96):
+        os.write(fd, b"x" * 65536)
+    os.close(fd)
+    os.write(wb, b"d")
+    os._exit(0)
+os.close(wb)
+os.dup2(rb, ra)
+assert os.read(ra, 1) == b"r"
+time.sleep(0.2)
+t0 = time.time()
+assert os.read(ra, 1) == b"d"
+print(f"waited {time.time() - t0:.3f}")
+"#,
+    );
+}
+
+#[test]
+fn a_waiter_killed_in_its_wait_leaves_no_boost_behind() {
+    let Some(py) = python() else {
+        eprintln!("skipped: no python3");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    // Reader R (foreground by name) blocks reading a pipe whose last
+    // writer is W (background), so W is boosted; R is then killed, which
+    // runs no code of the library. Only after that does W write 4 MiB: if
+    // R's boost outlived it, W would write unpaced.
+    let script = r#"
+import ctypes, os, signal, sys, time
+r, w = os.pipe()
+go_r, go_w = os.pipe()
+wr = os.fork()
+if wr == 0:
+    os.close(go_w)
+    os.write(w, b"r")
+    assert os.read(go_r, 1) == b"g"
+    fd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT, 0o600)
+    t0 = time.time()
+    for _ in range(64):
+        os.write(fd, b"x" * 65536)
+    os.close(fd)
+    print(f"waited {time.time() - t0:.3f}", flush=True)
+    os._exit(0)
+rd = os.fork()
+if rd == 0:
+    ctypes.CDLL(None).prctl(15, b"fg-reader")  # PR_SET_NAME: foreground
+    assert os.read(r, 1) == b"r"
+    os.read(r, 1)  # blocks, boosting W, until killed
+    os._exit(1)
+time.sleep(1.0)  # R is blocked, W boosted
+os.kill(rd, signal.SIGKILL)
+os.waitpid(rd, 0)
+time.sleep(0.5)  # critio run has reaped R's boost (every window)
+os.write(go_w, b"g")
+while os.waitpid(wr, os.WNOHANG) == (0, 0):
+    time.sleep(0.05)
+"#;
+    let cfg = dir.path().join("paced.toml");
+    std::fs::write(
+        &cfg,
+        "start_rate_mib = 1.0\nmin_rate_mib = 1.0\nstep_mib = 0.0\ninherit_locks = true\n",
+    )
+    .unwrap();
+    let o = Command::new(CRITIO)
+        .args([
+            "run",
+            "--foreground",
+            "main",
+            "--foreground",
+            "thread=fg-reader",
+        ])
+        .args(["--stats", "--config"])
+        .arg(&cfg)
+        .arg("--")
+        .args([py, "-c", script])
+        .arg(dir.path().join("data"))
+        .output()
+        .unwrap();
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{out}\n{err}");
+    assert!(
+        !err.contains(" 0 lock owners boosted"),
+        "R never boosted W:\n{err}"
+    );
+    let secs: f64 = out.trim().strip_prefix("waited ").unwrap().parse().unwrap();
+    assert!(
+        secs >= 2.0,
+        "W wrote 4 MiB in {secs} s: the dead reader's boost outlived it:\n{err}"
     );
 }
 

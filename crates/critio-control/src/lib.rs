@@ -54,6 +54,8 @@ pub const THREADS_MAX: usize = 4096;
 pub const BUCKETS: usize = 40;
 /// Threads that may be boosted at once.
 pub const BOOSTED_MAX: usize = 256;
+/// Boosts on record with their waiter ([`Control::boosters`]).
+pub const BOOSTERS_MAX: usize = 1024;
 /// Pipes whose last writer the block remembers ([`Control::pipe_writers`]).
 pub const PIPE_SLOTS: usize = 1024;
 /// Blocked threads whose wait the block records ([`Control::waits`]).
@@ -384,10 +386,15 @@ pub struct Control {
     /// Threads boosted now, by any process of the tree: `(tid << 32) |
     /// waiters` (see critio-preload's `inherit.rs`).
     pub boosted: [AtomicU64; BOOSTED_MAX],
+    /// Each boost with its waiter: `(waiter tid << 32) | boosted tid`, so
+    /// that `critio run` ends the boosts of a waiter that died in its wait
+    /// (killed: neither the hook's return nor a thread-local destructor
+    /// runs, and the boosted thread would stay unpaced for good).
+    pub boosters: [AtomicU64; BOOSTERS_MAX],
     /// The last thread of the tree that wrote to each pipe, a
-    /// [`LastThread`] table keyed by the pipe's inode: a foreground thread
-    /// that blocks reading the pipe boosts it (the writer is usually
-    /// another process, so the table is shared).
+    /// [`LastThread`] table keyed by the pipe's inode: a thread that reads
+    /// the pipe waits for it, and a foreground one that blocks boosts it
+    /// (the writer is usually another process, so the table is shared).
     pub pipe_writers: [AtomicU64; PIPE_SLOTS],
     /// Who each blocked thread of the tree waits for, so that a boost
     /// follows a chain across processes: `(tid << 32) | owner`,
@@ -510,6 +517,108 @@ impl Control {
         (n.saturating_sub(THREADS_MAX)..n).map(|i| &self.threads[i % THREADS_MAX])
     }
 
+    /// Whether `tid` is boosted now (its writes go unpaced).
+    pub fn boosted(&self, tid: i32) -> bool {
+        self.boosted.iter().any(|s| {
+            let v = s.load(Ordering::Relaxed);
+            (v >> 32) as u32 == tid as u32 && v & 0xffff_ffff > 0
+        })
+    }
+
+    /// Adds a waiter to `tid`'s boost; false if the table is full. A tid
+    /// has at most one slot with waiters: an existing one is counted up
+    /// first.
+    pub fn add_boost_waiter(&self, tid: i32) -> bool {
+        let key = u64::from(tid as u32) << 32;
+        let mine = |v: u64| v >> 32 == key >> 32 && v & 0xffff_ffff > 0;
+        for slot in &self.boosted {
+            let mut cur = slot.load(Ordering::Relaxed);
+            while mine(cur) {
+                match slot.compare_exchange_weak(cur, cur + 1, Ordering::AcqRel, Ordering::Relaxed)
+                {
+                    Ok(_) => return true,
+                    Err(seen) => cur = seen,
+                }
+            }
+        }
+        let start = home(tid, BOOSTED_MAX);
+        for i in 0..BOOSTED_MAX {
+            let slot = &self.boosted[(start + i) % BOOSTED_MAX];
+            let cur = slot.load(Ordering::Relaxed);
+            if cur & 0xffff_ffff == 0
+                && slot
+                    .compare_exchange(cur, key | 1, Ordering::AcqRel, Ordering::Relaxed)
+                    .is_ok()
+            {
+                return true;
+            }
+        }
+        false
+    }
+
+    /// Removes a waiter from `tid`'s boost; returns the waiters left (the
+    /// slot is checked to be `tid`'s on every attempt, so a slot taken over
+    /// meanwhile is never counted down).
+    pub fn remove_boost_waiter(&self, tid: i32) -> u64 {
+        for slot in &self.boosted {
+            let mut cur = slot.load(Ordering::Relaxed);
+            while (cur >> 32) as u32 == tid as u32 && cur & 0xffff_ffff > 0 {
+                match slot.compare_exchange_weak(cur, cur - 1, Ordering::AcqRel, Ordering::Relaxed)
+                {
+                    Ok(_) => return (cur & 0xffff_ffff) - 1,
+                    Err(seen) => cur = seen,
+                }
+            }
+        }
+        0
+    }
+
+    /// Records that `waiter` boosts `tid`; false if the table is full.
+    pub fn add_booster(&self, waiter: i32, tid: i32) -> bool {
+        let v = (u64::from(waiter as u32) << 32) | u64::from(tid as u32);
+        let start = home(waiter, BOOSTERS_MAX);
+        (0..BOOSTERS_MAX).any(|i| {
+            self.boosters[(start + i) % BOOSTERS_MAX]
+                .compare_exchange(0, v, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+        })
+    }
+
+    /// Forgets one record of `waiter` boosting `tid`; false if there is
+    /// none (it was reaped).
+    pub fn remove_booster(&self, waiter: i32, tid: i32) -> bool {
+        let v = (u64::from(waiter as u32) << 32) | u64::from(tid as u32);
+        let start = home(waiter, BOOSTERS_MAX);
+        (0..BOOSTERS_MAX).any(|i| {
+            self.boosters[(start + i) % BOOSTERS_MAX]
+                .compare_exchange(v, 0, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+        })
+    }
+
+    /// Ends the boosts of waiters that `alive` says are gone: each record
+    /// is taken and its boosted thread counted down. Returns the threads
+    /// left with no waiter (to be made background again).
+    pub fn reap_boosters(&self, alive: impl Fn(i32) -> bool) -> Vec<i32> {
+        let mut unboosted = Vec::new();
+        for slot in &self.boosters {
+            let v = slot.load(Ordering::Acquire);
+            if v == 0 || alive((v >> 32) as u32 as i32) {
+                continue;
+            }
+            if slot
+                .compare_exchange(v, 0, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+            {
+                let tid = v as u32 as i32;
+                if self.remove_boost_waiter(tid) == 0 {
+                    unboosted.push(tid);
+                }
+            }
+        }
+        unboosted
+    }
+
     /// The class `tid` was last logged with, if any (a scan of the log,
     /// newest first; no allocation).
     pub fn logged_class(&self, tid: i32) -> Option<Class> {
@@ -568,6 +677,10 @@ pub fn quantile(h: &[u64; BUCKETS], q: f64) -> Option<u64> {
     Some(2u64 << (BUCKETS - 1))
 }
 
+fn home(tid: i32, slots: usize) -> usize {
+    (tid as u32 as usize).wrapping_mul(0x9E37_79B9) % slots
+}
+
 /// A direct-mapped record of the last thread that acted on an object (a
 /// condition variable signalled, a pipe written): `(tag << 22) | tid` per
 /// slot, where the slot and the 42-bit tag both come from a hash of the
@@ -581,7 +694,7 @@ impl LastThread {
 
     fn hash(key: u64, slots: usize) -> (usize, u64) {
         let h = key.wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        let slot = (h >> 54) as usize % slots;
+        let slot = (h >> 40) as usize % slots; // 24 bits: tables up to 16M slots
         let tag = (h & ((1 << (64 - Self::TID_BITS)) - 1)) | 1; // never 0: 0 is an empty slot
         (slot, tag)
     }
@@ -618,6 +731,27 @@ impl LastThread {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_dead_waiters_boosts_are_reaped_and_a_live_ones_kept() {
+        let c = zeroed();
+        // 10 boosts 7 (and 8); 11 boosts 7 too.
+        for (waiter, tid) in [(10, 7), (10, 8), (11, 7)] {
+            assert!(c.add_boost_waiter(tid) && c.add_booster(waiter, tid));
+        }
+        assert!(c.boosted(7) && c.boosted(8));
+        // 10 died: 8 has no waiter left, 7 still has 11.
+        let mut left = c.reap_boosters(|t| t != 10);
+        left.sort();
+        assert_eq!(left, vec![8]);
+        assert!(c.boosted(7) && !c.boosted(8));
+        // 11's own end of the wait finds its record and counts 7 down.
+        assert!(c.remove_booster(11, 7));
+        assert_eq!(c.remove_boost_waiter(7), 0);
+        // A record already reaped is not found twice.
+        assert!(!c.remove_booster(10, 8));
+        assert!(c.reap_boosters(|_| false).is_empty());
+    }
 
     #[test]
     fn the_last_thread_is_kept_per_key_and_unknown_keys_have_none() {

@@ -24,6 +24,9 @@ real_fn!(real_fsync = "fsync": fn(c_int) -> c_int);
 real_fn!(real_fdatasync = "fdatasync": fn(c_int) -> c_int);
 real_fn!(real_fwrite = "fwrite": fn(*const c_void, size_t, size_t, *mut FILE) -> size_t);
 real_fn!(real_close = "close": fn(c_int) -> c_int);
+real_fn!(real_dup2 = "dup2": fn(c_int, c_int) -> c_int);
+real_fn!(real_dup3 = "dup3": fn(c_int, c_int, c_int) -> c_int);
+real_fn!(real_close_range = "close_range": fn(libc::c_uint, libc::c_uint, c_int) -> c_int);
 real_fn!(real_prctl = "prctl": fn(c_int, libc::c_ulong, libc::c_ulong, libc::c_ulong, libc::c_ulong) -> c_int);
 real_fn!(real_setname = "pthread_setname_np": fn(libc::pthread_t, *const libc::c_char) -> c_int);
 real_fn!(real_waitpid = "waitpid": fn(libc::pid_t, *mut c_int, c_int) -> libc::pid_t);
@@ -122,9 +125,8 @@ pub unsafe extern "C" fn write(fd: c_int, buf: *const c_void, count: size_t) -> 
         return fail();
     };
     let Some(call) = begin(fd) else {
-        let r = real(fd, buf, count);
-        wrote_pipe(fd);
-        return r;
+        writing_pipe(fd, count);
+        return real(fd, buf, count);
     };
     let r = real(fd, buf, count);
     call.end(
@@ -194,9 +196,8 @@ pub unsafe extern "C" fn writev(fd: c_int, iov: *const iovec, iovcnt: c_int) -> 
         return fail();
     };
     let Some(call) = begin(fd) else {
-        let r = real(fd, iov, iovcnt);
-        wrote_pipe(fd);
-        return r;
+        writing_pipe(fd, usize::from(iovcnt > 0));
+        return real(fd, iov, iovcnt);
     };
     let r = real(fd, iov, iovcnt);
     call.end(
@@ -337,6 +338,52 @@ pub unsafe extern "C" fn close(fd: c_int) -> c_int {
 }
 
 /// # Safety
+/// As `dup2(2)`. `newfd` is replaced: what was known about it is
+/// forgotten (before, and after, as around `close`).
+#[no_mangle]
+pub unsafe extern "C" fn dup2(oldfd: c_int, newfd: c_int) -> c_int {
+    let Some(real) = real_dup2() else {
+        return fail() as c_int;
+    };
+    pace::closed(newfd);
+    let r = real(oldfd, newfd);
+    pace::closed(newfd);
+    r
+}
+
+/// # Safety
+/// As `dup3(2)`; see [`dup2`].
+#[no_mangle]
+pub unsafe extern "C" fn dup3(oldfd: c_int, newfd: c_int, flags: c_int) -> c_int {
+    let Some(real) = real_dup3() else {
+        return fail() as c_int;
+    };
+    pace::closed(newfd);
+    let r = real(oldfd, newfd, flags);
+    pace::closed(newfd);
+    r
+}
+
+/// # Safety
+/// As `close_range(2)`: what was known about every descriptor it closes is
+/// forgotten (with `CLOSE_RANGE_CLOEXEC` nothing closes before an exec,
+/// which starts the library afresh).
+#[no_mangle]
+pub unsafe extern "C" fn close_range(
+    first: libc::c_uint,
+    last: libc::c_uint,
+    flags: c_int,
+) -> c_int {
+    let Some(real) = real_close_range() else {
+        return fail() as c_int;
+    };
+    if flags as libc::c_uint & libc::CLOSE_RANGE_CLOEXEC == 0 {
+        pace::closed_range(first, last);
+    }
+    real(first, last, flags)
+}
+
+/// # Safety
 /// As `fclose(3)`: `stream` is an open stream.
 #[no_mangle]
 pub unsafe extern "C" fn fclose(stream: *mut FILE) -> c_int {
@@ -376,6 +423,7 @@ pub fn resolve_all() {
         real_fdatasync(),
         real_fwrite(),
     );
+    let _ = (real_dup2(), real_dup3(), real_close_range());
     let _ = (
         real_close(),
         real_fclose(),
@@ -437,14 +485,23 @@ impl Blocked {
             c,
             _boost: boost,
         };
-        // A thread already tearing down its thread-locals: no record kept
-        // (the wait is not boosted past this point).
-        let _ = BLOCKED.try_with(|slot| *slot.borrow_mut() = Some(b));
+        // A thread already tearing down its thread-locals, or a signal
+        // handler that interrupted this very code: no record kept (`b` is
+        // dropped: the wait is not boosted past this point).
+        let _ = BLOCKED.try_with(|slot| {
+            if let Ok(mut slot) = slot.try_borrow_mut() {
+                *slot = Some(b);
+            }
+        });
     }
 
     /// The wait is over: the record and the boost end.
     fn end() {
-        let _ = BLOCKED.try_with(|slot| slot.borrow_mut().take());
+        let taken = BLOCKED
+            .try_with(|slot| slot.try_borrow_mut().ok().and_then(|mut s| s.take()))
+            .ok()
+            .flatten();
+        drop(taken); // outside the borrow
     }
 }
 
@@ -521,8 +578,8 @@ pub unsafe extern "C" fn pthread_rwlock_rdlock(l: *mut libc::pthread_rwlock_t) -
 /// # Safety
 /// As `pthread_rwlock_wrlock(3)`: `l` is an initialized read-write lock.
 /// A foreground writer boosts a background writer that holds it, or, if
-/// it is held for reading, the last reader that took it and has not
-/// unlocked it yet (glibc records no readers; the library does).
+/// it is held for reading, the reader that took it last, unless that one
+/// has unlocked it already (glibc records no readers; the library does).
 #[no_mangle]
 pub unsafe extern "C" fn pthread_rwlock_wrlock(l: *mut libc::pthread_rwlock_t) -> c_int {
     let Some(real) = real_wrlock() else {
@@ -545,10 +602,15 @@ pub unsafe extern "C" fn pthread_rwlock_unlock(l: *mut libc::pthread_rwlock_t) -
     real(l)
 }
 
-/// After a write to `fd` that was not a file's: if `fd` is a pipe, the
-/// caller is recorded as its last writer (if inheritance is on), so that
-/// a foreground thread that blocks reading the pipe boosts it.
-fn wrote_pipe(fd: c_int) {
+/// Before a write of `count` bytes to `fd`, which is not a file: if `fd`
+/// is a pipe, the caller is recorded as its last writer (if inheritance is
+/// on), so that a thread that reads the pipe waits for it, and a
+/// foreground one that blocks boosts it. Recorded before the real write:
+/// a reader the write wakes must find the writer already recorded.
+fn writing_pipe(fd: c_int, count: usize) {
+    if count == 0 || fd < 0 {
+        return;
+    }
     let Some(c) = control().filter(|c| c.inherit_locks != 0) else {
         return;
     };
@@ -556,34 +618,42 @@ fn wrote_pipe(fd: c_int) {
         return;
     };
     let errno = Errno::save();
-    if let Some(pipe) = (fd >= 0).then(|| pace::pipe_key(fd)).flatten() {
+    if let Some(pipe) = pace::pipe_key(fd) {
         thread::class(c); // classified, so a reader can tell it is background
-                          // SAFETY: gettid has no preconditions.
-        crate::inherit::note_pipe_writer(pipe, unsafe { libc::gettid() }, c);
+        crate::inherit::note_pipe_writer(pipe, thread::tid(), c);
     }
     errno.restore();
 }
 
-/// Runs `read` on `fd`: a foreground thread about to block reading an
-/// empty pipe waits for the pipe's last writer, which it boosts if
+/// Runs `read` on `fd`: a thread about to read a pipe waits for the
+/// pipe's last writer (see [`pipe_wait`]); a foreground one boosts it if
 /// background (see [`Blocked`]), as a waiter on a condition variable boosts
-/// its last signaller. A read that cannot block (data is there, or the
-/// descriptor is non-blocking) passes nothing on.
+/// its last signaller.
+///
+/// The re-entrancy guard is not held across the read itself: a signal
+/// handler that runs during it (one writing a self-pipe) or a `siglongjmp`
+/// out of it finds the thread outside the library.
 fn reading_pipe(fd: c_int, read: impl FnOnce() -> ssize_t) -> ssize_t {
+    if fd < 0 {
+        return read();
+    }
     let Some(c) = control().filter(|c| c.inherit_locks != 0) else {
         return read();
     };
-    let Some(_inside) = Inside::enter() else {
-        return read();
+    let waits = {
+        let Some(_inside) = Inside::enter() else {
+            return read();
+        };
+        let errno = Errno::save();
+        let writer = pipe_wait(fd, c);
+        if writer > 0 {
+            Blocked::start(c, writer);
+        }
+        errno.restore();
+        writer > 0
     };
-    let errno = Errno::save();
-    let writer = blocking_pipe_writer(fd, c);
-    if writer > 0 {
-        Blocked::start(c, writer);
-    }
-    errno.restore();
     let r = read();
-    if writer > 0 {
+    if waits {
         let errno = Errno::save();
         Blocked::end();
         errno.restore();
@@ -591,18 +661,23 @@ fn reading_pipe(fd: c_int, read: impl FnOnce() -> ssize_t) -> ssize_t {
     r
 }
 
-/// The last writer of the pipe `fd`, if the caller is foreground and its
-/// read of `fd` will block (0: no boost).
-fn blocking_pipe_writer(fd: c_int, c: &Control) -> i32 {
-    let Some(pipe) = (fd >= 0).then(|| pace::pipe_key(fd)).flatten() else {
+/// Whom the caller's read of `fd` waits for: the last writer of the pipe
+/// `fd` is, if recorded and not the caller (0: nobody). A background
+/// reader takes it as is, without a system call: its wait record is a link
+/// of a chain (a foreground `waitpid` for it reaches the writer), and a
+/// read that does not block ends the record at once. A foreground reader,
+/// which boosts, first checks that the read will block: the pipe is empty
+/// and the descriptor blocking.
+fn pipe_wait(fd: c_int, c: &Control) -> i32 {
+    let Some(pipe) = pace::pipe_key(fd) else {
         return 0;
     };
-    if thread::class(c) != Class::Foreground {
+    let writer = crate::inherit::pipe_writer(pipe, c);
+    if writer <= 0 || writer == thread::tid() {
         return 0;
     }
-    let writer = crate::inherit::pipe_writer(pipe, c);
-    if writer <= 0 {
-        return 0;
+    if thread::class(c) != Class::Foreground {
+        return writer;
     }
     let mut ready: c_int = 0;
     // SAFETY: FIONREAD writes one int to `ready`; F_GETFL only reads the

@@ -9,9 +9,9 @@
 //! The owner is read from glibc's mutex (`__data.__owner`, the third int,
 //! which glibc keeps for every mutex kind), and from a read-write lock its
 //! writer (`__cur_writer`, the seventh int). glibc records no readers, so
-//! the library records each lock's last reader until it unlocks
-//! (`note_reader`): a foreground writer that finds the lock held for
-//! reading boosts that one (other readers still inside are not known).
+//! the library records the reader that took each lock last, until that one
+//! unlocks it (`note_reader`): a foreground writer that finds the lock held
+//! for reading boosts that one (other readers still inside are not known).
 //! Threads' classes are kept in a
 //! small process-wide table (`note_class`), since a waiter must know
 //! whether the owner is background.
@@ -38,10 +38,20 @@
 //! new wait) is not followed: following it would keep its owner boosted
 //! for that whole wait, after the boost that led there ended.
 //!
+//! A boost ends when its wait returns, when the waiting thread exits
+//! (cancelled: a thread-local's destructor), or, for a waiter killed in its
+//! wait, when `critio run` finds it dead: every boost is recorded with its
+//! waiter in the block (`Control::boosters`), and `critio run` reaps the
+//! records of dead waiters every controller window.
+//!
 //! Pipes follow the same heuristic across processes: every write to a
-//! pipe records its thread in the block (`Control::pipe_writers`, keyed by
-//! the pipe's inode), and a foreground thread whose `read` of an empty,
-//! blocking pipe is about to block boosts that writer for the read.
+//! pipe (`write`, `writev`) records its thread in the block
+//! (`Control::pipe_writers`, keyed by the pipe's inode), every `read` of a
+//! pipe records that writer as whom the reader waits for, and a foreground
+//! thread whose `read` of an empty, blocking pipe is about to block boosts
+//! that writer for the read. stdio, `send` and `splice` are not seen; a
+//! descriptor replaced by `dup2`, `dup3` or `close_range` is looked at
+//! afresh.
 //!
 //! Not covered (yet): a condition variable nobody has signalled yet (or a
 //! pipe nobody wrote to), readers of a read-write lock other than its last
@@ -58,9 +68,10 @@ use critio_control::{Class, Control, LastThread};
 const CLASS_SLOTS: usize = 4096;
 static CLASSES: [AtomicU64; CLASS_SLOTS] = [const { AtomicU64::new(0) }; CLASS_SLOTS];
 
-/// Threads boosted now live in the control block (`Control::boosted`),
-/// so that a boost by another process (waitpid) is seen by the boosted one.
-const BOOST_SLOTS: usize = critio_control::BOOSTED_MAX;
+// Threads boosted now live in the control block (`Control::boosted`), so
+// that a boost by another process (waitpid) is seen by the boosted one;
+// each boost is also recorded with its waiter (`Control::boosters`), so
+// that `critio run` ends the boosts of a waiter that died in its wait.
 
 fn home(tid: i32, slots: usize) -> usize {
     (tid as u32 as usize).wrapping_mul(0x9E37_79B9) % slots
@@ -113,55 +124,7 @@ pub fn class_of(tid: i32) -> Option<Class> {
 
 /// Whether `tid` is boosted now (its writes go unpaced).
 pub fn boosted(tid: i32, c: &Control) -> bool {
-    c.boosted.iter().any(|s| {
-        let v = s.load(Ordering::Relaxed);
-        (v >> 32) as u32 == tid as u32 && v & 0xffff_ffff > 0
-    })
-}
-
-/// Adds a waiter to `tid`'s boost; false if the table is full. A tid has
-/// at most one slot with waiters: an existing one is counted up first.
-fn add_waiter(tid: i32, c: &Control) -> bool {
-    let key = u64::from(tid as u32) << 32;
-    let mine = |v: u64| v >> 32 == key >> 32 && v & 0xffff_ffff > 0;
-    for slot in &c.boosted {
-        let mut cur = slot.load(Ordering::Relaxed);
-        while mine(cur) {
-            match slot.compare_exchange_weak(cur, cur + 1, Ordering::AcqRel, Ordering::Relaxed) {
-                Ok(_) => return true,
-                Err(seen) => cur = seen,
-            }
-        }
-    }
-    let start = home(tid, BOOST_SLOTS);
-    for i in 0..BOOST_SLOTS {
-        let slot = &c.boosted[(start + i) % BOOST_SLOTS];
-        let cur = slot.load(Ordering::Relaxed);
-        if cur & 0xffff_ffff == 0
-            && slot
-                .compare_exchange(cur, key | 1, Ordering::AcqRel, Ordering::Relaxed)
-                .is_ok()
-        {
-            return true;
-        }
-    }
-    false
-}
-
-/// Removes a waiter; returns the waiters left (the slot is checked to be
-/// `tid`'s on every attempt, so a slot taken over meanwhile is never
-/// counted down).
-fn remove_waiter(tid: i32, c: &Control) -> u64 {
-    for slot in &c.boosted {
-        let mut cur = slot.load(Ordering::Relaxed);
-        while (cur >> 32) as u32 == tid as u32 && cur & 0xffff_ffff > 0 {
-            match slot.compare_exchange_weak(cur, cur - 1, Ordering::AcqRel, Ordering::Relaxed) {
-                Ok(_) => return (cur & 0xffff_ffff) - 1,
-                Err(seen) => cur = seen,
-            }
-        }
-    }
-    0
+    c.boosted(tid)
 }
 
 /// Applies a class's kernel priorities to `tid`.
@@ -333,7 +296,11 @@ pub const CHAIN_MAX: usize = 4;
 /// background threads that owner itself waits for; undone on drop.
 pub struct Boost<'a> {
     tids: [i32; CHAIN_MAX],
+    /// Whether each boost is on record with its waiter (the table may be
+    /// full: such a boost cannot be reaped if the waiter dies).
+    recorded: [bool; CHAIN_MAX],
     n: usize,
+    me: i32,
     c: &'a Control,
 }
 
@@ -343,7 +310,9 @@ impl<'a> Boost<'a> {
     pub fn of(owner: i32, me: i32, c: &'a Control) -> Option<Boost<'a>> {
         let mut b = Boost {
             tids: [0; CHAIN_MAX],
+            recorded: [false; CHAIN_MAX],
             n: 0,
+            me,
             c,
         };
         let mut cur = owner;
@@ -351,7 +320,8 @@ impl<'a> Boost<'a> {
             if cur <= 0 || cur == me || b.tids[..b.n].contains(&cur) {
                 break; // the chain ends, or loops back
             }
-            if class_of_any(cur, c) == Some(Class::Background) && add_waiter(cur, c) {
+            if class_of_any(cur, c) == Some(Class::Background) && c.add_boost_waiter(cur) {
+                b.recorded[b.n] = c.add_booster(me, cur);
                 apply(cur, Class::Foreground, c);
                 c.boosts.fetch_add(1, Ordering::Relaxed);
                 b.tids[b.n] = cur;
@@ -365,12 +335,15 @@ impl<'a> Boost<'a> {
 
 impl Drop for Boost<'_> {
     fn drop(&mut self) {
-        for &tid in &self.tids[..self.n] {
+        for (&tid, &recorded) in self.tids[..self.n].iter().zip(&self.recorded) {
+            if recorded && !self.c.remove_booster(self.me, tid) {
+                continue; // reaped: `critio run` took this waiter for dead
+            }
             let bg = class_of_any(tid, self.c) == Some(Class::Background);
-            if remove_waiter(tid, self.c) == 0 && bg {
+            if self.c.remove_boost_waiter(tid) == 0 && bg {
                 apply(tid, Class::Background, self.c);
                 // A waiter that boosted it meanwhile keeps it foreground.
-                if boosted(tid, self.c) {
+                if self.c.boosted(tid) {
                     apply(tid, Class::Foreground, self.c);
                 }
             }

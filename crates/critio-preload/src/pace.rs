@@ -72,11 +72,12 @@ const OTHER: u8 = 3;
 /// What `fd` is (`FILE`, `PIPE` or `OTHER`) and, for a pipe, its key.
 /// Cached per descriptor until it is closed.
 fn kind(fd: libc::c_int) -> (u8, u64) {
+    // (0, 0): fstat failed (not open yet): nothing is cached.
     let stat = || {
         // SAFETY: `st` is a valid out-pointer; fstat is not interposed.
         let mut st: libc::stat = unsafe { std::mem::zeroed() };
         if unsafe { libc::fstat(fd, &mut st) } != 0 {
-            return (OTHER, 0);
+            return (0, 0);
         }
         match st.st_mode & libc::S_IFMT {
             libc::S_IFREG => (FILE, 0),
@@ -94,8 +95,10 @@ fn kind(fd: libc::c_int) -> (u8, u64) {
     match s.kind.load(Ordering::Acquire) {
         0 => {
             let (kind, key) = stat();
-            s.pipe.store(key, Ordering::Relaxed);
-            s.kind.store(kind, Ordering::Release);
+            if kind != 0 {
+                s.pipe.store(key, Ordering::Relaxed);
+                s.kind.store(kind, Ordering::Release);
+            }
             (kind, key)
         }
         kind => (kind, s.pipe.load(Ordering::Relaxed)),
@@ -112,12 +115,14 @@ pub fn is_file(fd: libc::c_int) -> bool {
 /// and in every process (None: not a pipe).
 pub fn pipe_key(fd: libc::c_int) -> Option<u64> {
     match kind(fd) {
-        (PIPE, key) => Some(key),
+        // (A key of 0 is a pipe forgotten by a `close` meanwhile.)
+        (PIPE, key) if key != 0 => Some(key),
         _ => None,
     }
 }
 
-/// `fd` is being closed: forget what was known about it.
+/// `fd` is being closed, or replaced (`dup2`, `dup3`, `close_range`):
+/// forget what was known about it.
 pub fn closed(fd: libc::c_int) {
     if let Some(s) = slot(fd) {
         s.kind.store(0, Ordering::Relaxed);
@@ -125,6 +130,14 @@ pub fn closed(fd: libc::c_int) {
         s.pending.store(0, Ordering::Relaxed);
         s.lo.store(u64::MAX, Ordering::Relaxed);
         s.hi.store(0, Ordering::Relaxed);
+    }
+}
+
+/// Descriptors `first..=last` are being closed: see [`closed`].
+pub fn closed_range(first: libc::c_uint, last: libc::c_uint) {
+    let last = (last as usize).min(FDS - 1);
+    for fd in first as usize..=last {
+        closed(fd as libc::c_int);
     }
 }
 

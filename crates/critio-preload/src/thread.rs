@@ -32,7 +32,10 @@ thread_local! {
     static TID: Cell<(u64, i32)> = const { Cell::new((u64::MAX, 0)) };
 }
 
-/// The calling thread's id, cached (a fork child's thread has a new one).
+/// The calling thread's id, cached (a fork child's thread has a new one:
+/// the cache is keyed by the fork generation `pthread_atfork` counts, so a
+/// child made by a raw `clone` or glibc's `_Fork`, which run no fork
+/// handlers, would keep its parent's id).
 pub fn tid() -> i32 {
     let gen = FORK_GEN.load(Ordering::Relaxed);
     TID.with(|t| match t.get() {
@@ -52,7 +55,15 @@ pub struct Inside(());
 
 impl Inside {
     pub fn enter() -> Option<Inside> {
-        IN_LIBRARY.with(|f| (!f.replace(true)).then_some(Inside(())))
+        // The guard is made only when the flag was clear: a guard made and
+        // dropped for a nested call would clear the outer call's flag.
+        IN_LIBRARY.with(|f| {
+            if f.replace(true) {
+                None
+            } else {
+                Some(Inside(()))
+            }
+        })
     }
 }
 
