@@ -425,10 +425,7 @@ fn a_foreground_waitpid_lifts_the_pacing_of_the_background_child() {
 import os, sys, time
 pid = os.fork()
 if pid == 0:
-    fd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT, 0o600)
-    for _ in range(96):
-        os.write(fd, b"x" * 65536)
-    os.close(fd)
+    write_paced(sys.argv[1], 6)
     os._exit(0)
 time.sleep(0.2)  # the child has written (and been classified) by now
 t0 = time.time()
@@ -453,10 +450,7 @@ pid = os.fork()
 if pid == 0:
     os.close(r)
     os.write(w, b"r")
-    fd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT, 0o600)
-    for _ in range(96):
-        os.write(fd, b"x" * 65536)
-    os.close(fd)
+    write_paced(sys.argv[1], 6)
     os.write(w, b"d")
     os._exit(0)
 os.close(w)
@@ -469,6 +463,18 @@ print(f"waited {time.time() - t0:.3f}")
     );
 }
 
+/// Python the scripts of [`python_wait_is_cut_by_inheritance`] start
+/// with: `write_paced(path, mib)` appends `mib` MiB to `path`, 64 KiB per
+/// `write` (seconds of writing when paced at 1 MiB/s).
+const PY_PACED: &str = r#"
+import os
+def write_paced(path, mib):
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
+    for _ in range(mib * 16):
+        os.write(fd, b"x" * 65536)
+    os.close(fd)
+"#;
+
 /// Runs a Python `script` (given a data path) under [`paced_wait`] with
 /// inheritance off and on: the foreground wait it prints must be cut by
 /// more than half, and a boost counted, only with inheritance.
@@ -478,6 +484,7 @@ fn python_wait_is_cut_by_inheritance(name: &str, script: &str) {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
+    let script = format!("{PY_PACED}{script}");
     let waited = |inherit: bool| {
         let data = dir.path().join(format!("{name}-{inherit}"));
         let args: [&std::ffi::OsStr; 4] = [
@@ -518,10 +525,7 @@ if c == 0:
     if g == 0:
         os.close(r)
         os.write(w, b"r")
-        fd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT, 0o600)
-        for _ in range(96):
-            os.write(fd, b"x" * 65536)
-        os.close(fd)
+        write_paced(sys.argv[1], 6)
         os.write(w, b"d")
         os._exit(0)
     os.close(w)
@@ -559,10 +563,7 @@ assert os.read(ra, 1) == b"a"
 b = os.fork()
 if b == 0:
     os.write(wb, b"r")
-    fd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT, 0o600)
-    for _ in range(96):
-        os.write(fd, b"x" * 65536)
-    os.close(fd)
+    write_paced(sys.argv[1], 6)
     os.write(wb, b"d")
     os._exit(0)
 os.close(wb)
@@ -596,11 +597,8 @@ if wr == 0:
     os.close(go_w)
     os.write(w, b"r")
     assert os.read(go_r, 1) == b"g"
-    fd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT, 0o600)
     t0 = time.time()
-    for _ in range(64):
-        os.write(fd, b"x" * 65536)
-    os.close(fd)
+    write_paced(sys.argv[1], 4)
     print(f"waited {time.time() - t0:.3f}", flush=True)
     os._exit(0)
 rd = os.fork()
@@ -634,7 +632,7 @@ while os.waitpid(wr, os.WNOHANG) == (0, 0):
         .args(["--stats", "--config"])
         .arg(&cfg)
         .arg("--")
-        .args([py, "-c", script])
+        .args([py, "-c", &format!("{PY_PACED}{script}")])
         .arg(dir.path().join("data"))
         .output()
         .unwrap();
@@ -740,7 +738,7 @@ os.waitpid(pid, 0)
         }
         let o = cmd
             .arg("--")
-            .args([py, "-c", script])
+            .args([py, "-c", &format!("{PY_PACED}{script}")])
             .arg(dir.path().join("f"))
             .output()
             .unwrap();
