@@ -541,7 +541,7 @@ impl Control {
                 }
             }
         }
-        let start = home(tid, BOOSTED_MAX);
+        let start = tid_slot(tid, BOOSTED_MAX);
         for i in 0..BOOSTED_MAX {
             let slot = &self.boosted[(start + i) % BOOSTED_MAX];
             let cur = slot.load(Ordering::Relaxed);
@@ -576,7 +576,7 @@ impl Control {
     /// Records that `waiter` boosts `tid`; false if the table is full.
     pub fn add_booster(&self, waiter: i32, tid: i32) -> bool {
         let v = (u64::from(waiter as u32) << 32) | u64::from(tid as u32);
-        let start = home(waiter, BOOSTERS_MAX);
+        let start = tid_slot(waiter, BOOSTERS_MAX);
         (0..BOOSTERS_MAX).any(|i| {
             self.boosters[(start + i) % BOOSTERS_MAX]
                 .compare_exchange(0, v, Ordering::AcqRel, Ordering::Relaxed)
@@ -588,7 +588,7 @@ impl Control {
     /// none (it was reaped).
     pub fn remove_booster(&self, waiter: i32, tid: i32) -> bool {
         let v = (u64::from(waiter as u32) << 32) | u64::from(tid as u32);
-        let start = home(waiter, BOOSTERS_MAX);
+        let start = tid_slot(waiter, BOOSTERS_MAX);
         (0..BOOSTERS_MAX).any(|i| {
             self.boosters[(start + i) % BOOSTERS_MAX]
                 .compare_exchange(v, 0, Ordering::AcqRel, Ordering::Relaxed)
@@ -677,7 +677,9 @@ pub fn quantile(h: &[u64; BUCKETS], q: f64) -> Option<u64> {
     Some(2u64 << (BUCKETS - 1))
 }
 
-fn home(tid: i32, slots: usize) -> usize {
+/// The home slot of thread `tid` in a table of `slots` (open addressing
+/// or direct mapping by tid).
+pub fn tid_slot(tid: i32, slots: usize) -> usize {
     (tid as u32 as usize).wrapping_mul(0x9E37_79B9) % slots
 }
 

@@ -495,6 +495,19 @@ impl Blocked {
         });
     }
 
+    /// Runs `wait`, a wait for `owner`, between [`Blocked::start`] and
+    /// [`Blocked::end`], keeping the errno `wait` leaves.
+    fn during<R>(c: &'static Control, owner: i32, wait: impl FnOnce() -> R) -> R {
+        let errno = Errno::save();
+        Blocked::start(c, owner);
+        errno.restore();
+        let r = wait();
+        let errno = Errno::save();
+        Blocked::end();
+        errno.restore();
+        r
+    }
+
     /// The wait is over: the record and the boost end.
     fn end() {
         let taken = BLOCKED
@@ -538,14 +551,7 @@ unsafe fn lock_inheriting<T>(
             return r;
         }
     }
-    let errno = Errno::save();
-    Blocked::start(c, owner(l));
-    errno.restore();
-    let r = lock(l);
-    let errno = Errno::save();
-    Blocked::end();
-    errno.restore();
-    r
+    Blocked::during(c, owner(l), || lock(l))
 }
 
 /// # Safety
@@ -716,14 +722,7 @@ fn cond_waiting(cond: *mut libc::pthread_cond_t, wait: impl FnOnce() -> c_int) -
     let Some(_inside) = Inside::enter() else {
         return wait();
     };
-    let errno = Errno::save();
-    Blocked::start(c, crate::inherit::signaler(cond));
-    errno.restore();
-    let r = wait();
-    let errno = Errno::save();
-    Blocked::end();
-    errno.restore();
-    r
+    Blocked::during(c, crate::inherit::signaler(cond), wait)
 }
 
 /// # Safety
@@ -857,12 +856,5 @@ pub unsafe extern "C" fn waitpid(
     let Some(_inside) = Inside::enter() else {
         return real(pid, status, options);
     };
-    let errno = Errno::save();
-    Blocked::start(c, pid);
-    errno.restore();
-    let r = real(pid, status, options);
-    let errno = Errno::save();
-    Blocked::end();
-    errno.restore();
-    r
+    Blocked::during(c, pid, || real(pid, status, options))
 }

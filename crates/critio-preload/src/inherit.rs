@@ -62,7 +62,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use critio_control::{Class, Control, LastThread};
+use critio_control::{tid_slot, Class, Control, LastThread};
 
 /// Threads whose class is known (open addressing by tid).
 const CLASS_SLOTS: usize = 4096;
@@ -73,14 +73,10 @@ static CLASSES: [AtomicU64; CLASS_SLOTS] = [const { AtomicU64::new(0) }; CLASS_S
 // each boost is also recorded with its waiter (`Control::boosters`), so
 // that `critio run` ends the boosts of a waiter that died in its wait.
 
-fn home(tid: i32, slots: usize) -> usize {
-    (tid as u32 as usize).wrapping_mul(0x9E37_79B9) % slots
-}
-
 /// Records `tid`'s class (called when a thread is classified).
 pub fn note_class(tid: i32, class: Class) {
     let value = (u64::from(tid as u32) << 8) | class as u64;
-    let start = home(tid, CLASS_SLOTS);
+    let start = tid_slot(tid, CLASS_SLOTS);
     for i in 0..CLASS_SLOTS {
         let slot = &CLASSES[(start + i) % CLASS_SLOTS];
         let mut cur = slot.load(Ordering::Relaxed);
@@ -105,7 +101,7 @@ pub fn class_of_any(tid: i32, c: &Control) -> Option<Class> {
 
 /// `tid`'s class, if recorded by this process.
 pub fn class_of(tid: i32) -> Option<Class> {
-    let start = home(tid, CLASS_SLOTS);
+    let start = tid_slot(tid, CLASS_SLOTS);
     for i in 0..CLASS_SLOTS {
         let cur = CLASSES[(start + i) % CLASS_SLOTS].load(Ordering::Relaxed);
         if cur == 0 {
@@ -120,11 +116,6 @@ pub fn class_of(tid: i32) -> Option<Class> {
         }
     }
     None
-}
-
-/// Whether `tid` is boosted now (its writes go unpaced).
-pub fn boosted(tid: i32, c: &Control) -> bool {
-    c.boosted(tid)
 }
 
 /// Applies a class's kernel priorities to `tid`.
@@ -265,7 +256,7 @@ pub fn pipe_writer(pipe: u64, c: &Control) -> i32 {
 /// `tid` blocks until `owner` lets it go (0: the wait ended; the slot is
 /// cleared only if it still holds `tid`'s record, not a colliding thread's).
 pub fn note_wait(tid: i32, owner: i32, c: &Control) {
-    let slot = &c.waits[home(tid, critio_control::WAIT_SLOTS)];
+    let slot = &c.waits[tid_slot(tid, critio_control::WAIT_SLOTS)];
     if owner > 0 {
         slot.store(
             (u64::from(tid as u32) << 32) | u64::from(owner as u32),
@@ -281,7 +272,7 @@ pub fn note_wait(tid: i32, owner: i32, c: &Control) {
 
 /// Whom `tid` waits for now (0: nobody known).
 pub fn waiting_for(tid: i32, c: &Control) -> i32 {
-    let v = c.waits[home(tid, critio_control::WAIT_SLOTS)].load(Ordering::Relaxed);
+    let v = c.waits[tid_slot(tid, critio_control::WAIT_SLOTS)].load(Ordering::Relaxed);
     if (v >> 32) as u32 == tid as u32 {
         (v & 0xffff_ffff) as i32
     } else {

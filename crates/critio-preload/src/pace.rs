@@ -263,8 +263,8 @@ pub fn hand_off(fd: libc::c_int, c: &Control) {
 /// this writer's turn (at most [`PACE_WAIT_MAX_NS`]).
 fn wait_turn(bytes: u64, c: &Control) {
     let rate = c.rate_bytes_per_sec.load(Ordering::Relaxed);
-    // SAFETY: gettid has no preconditions.
-    if rate == 0 || crate::inherit::boosted(unsafe { libc::gettid() }, c) {
+    let me = crate::thread::tid();
+    if rate == 0 || c.boosted(me) {
         return; // unpaced, or a foreground thread waits for this one
     }
     let cost = (u128::from(bytes) * 1_000_000_000 / u128::from(rate)) as u64;
@@ -288,10 +288,8 @@ fn wait_turn(bytes: u64, c: &Control) {
     // In slices, so a foreground thread that starts waiting for this one
     // (a lock it holds) ends the wait within a slice.
     const SLICE_NS: u64 = 20_000_000;
-    // SAFETY: gettid has no preconditions.
-    let me = unsafe { libc::gettid() };
     let mut left = wait;
-    while left > 0 && !crate::inherit::boosted(me, c) {
+    while left > 0 && !c.boosted(me) {
         let step = left.min(SLICE_NS);
         let ts = libc::timespec {
             tv_sec: (step / 1_000_000_000) as libc::time_t,

@@ -127,7 +127,7 @@ fn decide(c: &Control, before: u32) -> Class {
         crate::inherit::note_class(tid, class);
         // A thread boosted by a foreground waiter keeps its boost until
         // the waiter has the lock.
-        if !crate::inherit::boosted(tid, c) {
+        if !c.boosted(tid) {
             crate::inherit::apply(tid, class, c);
         }
     }
