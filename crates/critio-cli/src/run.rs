@@ -605,18 +605,13 @@ fn reap_boosts(c: &Control) {
         let Some(state) = thread_state(tid) else {
             continue;
         };
-        // SAFETY: ioprio_set and setpriority take integers and change only
-        // thread `tid`'s priorities.
-        unsafe {
-            libc::syscall(
-                libc::SYS_ioprio_set,
-                1 as libc::c_long,
-                tid as libc::c_long,
-                libc::c_long::from(c.background_ioprio),
-            );
-            if c.background_nice != 0 && state.root {
-                libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, c.background_nice);
-            }
+        if let Some(prio) = IoPriority::decode(c.background_ioprio as u16) {
+            let _ = critio::sys::set_thread_ioprio(tid, prio);
+        }
+        if c.background_nice != 0 && state.root {
+            // SAFETY: setpriority takes integers and changes only thread
+            // `tid`'s nice value.
+            unsafe { libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, c.background_nice) };
         }
     }
 }
