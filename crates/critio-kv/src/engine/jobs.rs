@@ -54,13 +54,12 @@ struct DumpWriter<'a> {
     /// Stored (compressed) bytes not yet written.
     buf: Vec<u8>,
     crc: u32,
-    body: u64,
-    /// Entry bytes before compression.
-    raw_bytes: u64,
-    keys: u64,
+    /// What is written so far.
+    size: DumpSize,
 }
 
-/// What a finished dump holds.
+/// What a dump holds.
+#[derive(Default)]
 struct DumpSize {
     keys: u64,
     /// The body's bytes as stored (compressed).
@@ -84,7 +83,7 @@ impl DumpWriter<'_> {
         e.extend_from_slice(&expire.to_le_bytes());
         e.extend_from_slice(&(value.len() as u32).to_le_bytes());
         e.extend_from_slice(value);
-        self.keys += 1;
+        self.size.keys += 1;
         if self.raw.len() >= DUMP_CHUNK {
             self.frame();
             if self.buf.len() >= DUMP_CHUNK {
@@ -111,8 +110,8 @@ impl DumpWriter<'_> {
         self.buf.truncate(start + FRAME_HEADER + stored);
         self.buf[start + 4..start + FRAME_HEADER].copy_from_slice(&(stored as u32).to_le_bytes());
         self.crc = crc32c::crc32c_append(self.crc, &self.buf[start..]);
-        self.body += (FRAME_HEADER + stored) as u64;
-        self.raw_bytes += self.raw.len() as u64;
+        self.size.stored += (FRAME_HEADER + stored) as u64;
+        self.size.raw += self.raw.len() as u64;
         self.raw.clear();
     }
 
@@ -148,17 +147,13 @@ impl DumpWriter<'_> {
         let mut head = Vec::with_capacity(self.inner.layout.page as usize);
         head.extend_from_slice(DUMP_MAGIC);
         head.extend_from_slice(&DUMP_VERSION.to_le_bytes());
-        head.extend_from_slice(&self.keys.to_le_bytes());
-        head.extend_from_slice(&self.body.to_le_bytes());
+        head.extend_from_slice(&self.size.keys.to_le_bytes());
+        head.extend_from_slice(&self.size.stored.to_le_bytes());
         head.extend_from_slice(&self.crc.to_le_bytes());
         head.resize(self.inner.layout.page as usize, 0);
         self.inner.cache.write(self.inner.dump, 0, &head)?;
         self.inner.cache.flush_file(self.inner.dump)?;
-        Ok(DumpSize {
-            keys: self.keys,
-            stored: self.body,
-            raw: self.raw_bytes,
-        })
+        Ok(self.size)
     }
 }
 
@@ -190,9 +185,7 @@ impl Inner {
             raw: Vec::with_capacity(DUMP_CHUNK + (64 << 10)),
             buf: Vec::with_capacity(2 * DUMP_CHUNK),
             crc: 0,
-            body: 0,
-            raw_bytes: 0,
-            keys: 0,
+            size: DumpSize::default(),
         };
         self.vlog.scan(from, to, |addr, r, _| {
             if !r.is_value() {
