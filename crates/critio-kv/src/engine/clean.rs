@@ -131,7 +131,7 @@ impl Inner {
                     done.expired += 1;
                     continue;
                 }
-                live.push((c, loc));
+                live.push(c);
                 bytes.extend_from_slice(&c.bytes);
                 sizes.push(c.bytes.len());
             }
@@ -147,13 +147,37 @@ impl Inner {
                 self.make_room(batch.records[0].addr, bytes.len() as u64 + largest)?;
                 continue;
             };
-            let _epoch = self.epoch.read(); // appends hold it, like writers
-            let (addrs, snapshot) = self.vlog.append(&mut res, &bytes, &sizes)?;
-            for ((c, loc), addr) in live.iter().zip(addrs) {
-                held.of(&c.key)
-                    .set(&c.key, Some(Loc { addr, ..*loc }), snapshot);
+            // Placed while the stripes are held: a later write of any of
+            // these keys lands after its copy in the log, which is the order
+            // recovery replays. The copy itself holds no stripe, so a request
+            // for one of these keys does not wait for the cleaner's pages:
+            // the originals stay where they are until the clean tail passes.
+            let epoch = self.epoch.read(); // appends hold it, like writers
+            let placed = self.vlog.place(&mut res, &sizes)?;
+            drop(held);
+            self.vlog.fill(&placed, &bytes)?;
+            drop(epoch);
+            #[cfg(test)]
+            tests::BEFORE_REPOINT.with(|hook| {
+                if let Some(f) = hook.borrow().as_ref() {
+                    f();
+                }
+            });
+            let keys: Vec<&[u8]> = live.iter().map(|c| &c.key[..]).collect();
+            let mut held = Held::lock(&self.index, &keys);
+            // A snapshot that started since the placement needs the
+            // originals as well, so ask again.
+            let snapshot = self.vlog.snapshot_running();
+            for (c, &addr) in live.iter().zip(&placed.addrs) {
+                let stripe = held.of(&c.key);
+                // Written or deleted meanwhile: the copy is dead, and what
+                // replaced the original comes after it in the log.
+                let Some(loc) = stripe.get(&c.key).filter(|l| l.addr == c.addr) else {
+                    continue;
+                };
+                stripe.set(&c.key, Some(Loc { addr, ..loc }), snapshot);
+                done.copied += 1;
             }
-            done.copied += live.len() as u64;
             break;
         }
         batch.records.clear();
@@ -212,5 +236,86 @@ impl Batch {
 
     fn full(&self) -> bool {
         self.bytes >= BATCH_BYTES || self.records.len() >= BATCH_RECORDS
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::cell::RefCell;
+    use std::sync::Arc;
+
+    use critio::config::Config;
+    use critio::device::mem::MemDevice;
+
+    use crate::engine::{Engine, EngineConfig, SetOptions};
+
+    thread_local! {
+        /// Runs in the cleaning thread between a batch's copy and its repoint.
+        pub(super) static BEFORE_REPOINT: RefCell<Option<Box<dyn Fn()>>> = const { RefCell::new(None) };
+    }
+
+    fn open(dev: &Arc<MemDevice>) -> Engine {
+        let mut config = Config::default();
+        config.cache.capacity_bytes = 1 << 20;
+        config.context.background_nice = 0;
+        let stack = critio::Stack::over(dev.clone(), &config).unwrap();
+        let cfg = EngineConfig {
+            log_bytes: 4 << 20,
+            checkpoint_interval_ms: 0,
+            value_bytes_max: 64 << 10,
+            ..EngineConfig::default()
+        };
+        Engine::open(&stack, cfg).unwrap()
+    }
+
+    fn key(i: usize) -> Vec<u8> {
+        format!("k{i:03}").into_bytes()
+    }
+
+    /// The cleaner copies without holding the stripes; keys written or
+    /// deleted between its copy and its repoint keep what was written, in
+    /// memory and after reopening (the copies come first in the log).
+    #[test]
+    fn keys_written_while_the_cleaner_copies_keep_the_new_values() {
+        let dev = Arc::new(MemDevice::new(32 << 20));
+        let e = Arc::new(open(&dev));
+        for i in 0..100 {
+            e.set(&key(i), b"old", SetOptions::default()).unwrap();
+        }
+        let e2 = e.clone();
+        BEFORE_REPOINT.with(|h| {
+            *h.borrow_mut() = Some(Box::new(move || {
+                for i in 0..50 {
+                    e2.set(&key(i), b"new", SetOptions::default()).unwrap();
+                }
+                for i in 50..60 {
+                    e2.del(&[&key(i)]).unwrap();
+                }
+            }))
+        });
+        let head = e.inner.vlog.head();
+        let done = e.inner.clean(head).unwrap();
+        BEFORE_REPOINT.with(|h| h.borrow_mut().take());
+        assert_eq!(done.copied, 40, "only the untouched keys are repointed");
+        let check = |e: &Engine| {
+            assert_eq!(e.dbsize(), 90);
+            for i in 0..100 {
+                let want = match i {
+                    0..50 => Some(b"new".to_vec()),
+                    50..60 => None,
+                    _ => Some(b"old".to_vec()),
+                };
+                assert_eq!(e.get(&key(i)).unwrap(), want, "key {i}");
+            }
+        };
+        check(&e);
+        // The originals' space is reused: the keys now live in the copies
+        // and in what was written after them.
+        e.inner.checkpoint().unwrap();
+        check(&e);
+        let e = Arc::into_inner(e).expect("the hook is gone");
+        e.close().unwrap();
+        drop(e);
+        check(&open(&dev));
     }
 }

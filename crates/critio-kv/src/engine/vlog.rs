@@ -141,6 +141,18 @@ impl Drop for Reservation<'_> {
     }
 }
 
+/// Records [`Vlog::place`] placed, their bytes not yet copied.
+pub(crate) struct Placed {
+    /// Each record's address.
+    pub(crate) addrs: Vec<u64>,
+    /// Where each contiguous run of them goes: (address, range of the bytes).
+    spans: Vec<(u64, std::ops::Range<usize>)>,
+    /// Whether a snapshot that started before them is running.
+    pub(crate) snapshot: bool,
+    /// Their bytes in all.
+    bytes: usize,
+}
+
 /// The value log of one store.
 pub(crate) struct Vlog {
     cache: Arc<PageCache>,
@@ -315,48 +327,69 @@ impl Vlog {
         bytes: &[u8],
         sizes: &[usize],
     ) -> Result<(Vec<u64>, bool), EngineError> {
-        assert_eq!(sizes.iter().sum::<usize>(), bytes.len());
-        // Under the lock: place the records, make the pages they start
-        // present (zeroed, never read), move the head. The bytes are copied
-        // after, without the lock: appenders on other keys copy at once.
-        let (addrs, spans, snapshot) = {
-            let st = self.state.lock();
-            let start = self.head.load(Ordering::SeqCst);
-            let mut head = start;
-            let mut addrs = Vec::with_capacity(sizes.len());
-            let mut spans = Vec::with_capacity(2);
-            let (mut span_from, mut at) = (0, 0);
-            for &size in sizes {
-                let phys = head % self.region;
-                if phys + size as u64 > self.region {
-                    spans.push((head - (at - span_from) as u64, span_from..at));
-                    self.prepare(head, PAD_BYTES as u64)?;
-                    self.write(head, &record::pad())?;
-                    head += self.region - phys;
-                    span_from = at;
-                }
-                addrs.push(head);
-                head += size as u64;
-                at += size;
+        let placed = self.place(res, sizes)?;
+        self.fill(&placed, bytes)?;
+        Ok((placed.addrs, placed.snapshot))
+    }
+
+    /// The first half of [`Self::append`]: under the lock, places the
+    /// records (`sizes` bytes each, in order) with space from `res`, makes
+    /// the pages they start present (zeroed, never read) and moves the
+    /// head. Their bytes are copied by [`Self::fill`], without the lock:
+    /// appenders on other keys copy at once. Until it returns, the records
+    /// are not whole, so the caller holds the epoch lock across both.
+    pub(crate) fn place(
+        &self,
+        res: &mut Reservation<'_>,
+        sizes: &[usize],
+    ) -> Result<Placed, EngineError> {
+        let st = self.state.lock();
+        let start = self.head.load(Ordering::SeqCst);
+        let mut head = start;
+        let mut addrs = Vec::with_capacity(sizes.len());
+        let mut spans = Vec::with_capacity(2);
+        let (mut span_from, mut at) = (0, 0);
+        for &size in sizes {
+            let phys = head % self.region;
+            if phys + size as u64 > self.region {
+                spans.push((head - (at - span_from) as u64, span_from..at));
+                self.prepare(head, PAD_BYTES as u64)?;
+                self.write(head, &record::pad())?;
+                head += self.region - phys;
+                span_from = at;
             }
-            spans.push((head - (at - span_from) as u64, span_from..at));
-            for (addr, range) in &spans {
-                self.prepare(*addr, range.len() as u64)?;
-            }
-            let used = head - start;
-            assert!(used <= res.bytes, "appended past the reservation");
-            assert!(head <= self.limit(Who::Cleaner), "the log overran its tail");
-            // Head first, then the reservation: a reader of both never sees
-            // less than the true sum.
-            self.head.store(head, Ordering::SeqCst);
-            self.reserved.fetch_sub(used, Ordering::SeqCst);
-            res.bytes -= used;
-            (addrs, spans, st.snapshot.is_some())
-        };
-        for (addr, range) in spans {
-            self.write(addr, &bytes[range])?;
+            addrs.push(head);
+            head += size as u64;
+            at += size;
         }
-        Ok((addrs, snapshot))
+        spans.push((head - (at - span_from) as u64, span_from..at));
+        for (addr, range) in &spans {
+            self.prepare(*addr, range.len() as u64)?;
+        }
+        let used = head - start;
+        assert!(used <= res.bytes, "appended past the reservation");
+        assert!(head <= self.limit(Who::Cleaner), "the log overran its tail");
+        // Head first, then the reservation: a reader of both never sees
+        // less than the true sum.
+        self.head.store(head, Ordering::SeqCst);
+        self.reserved.fetch_sub(used, Ordering::SeqCst);
+        res.bytes -= used;
+        Ok(Placed {
+            addrs,
+            spans,
+            snapshot: st.snapshot.is_some(),
+            bytes: at,
+        })
+    }
+
+    /// The second half of [`Self::append`]: copies the bytes of the records
+    /// `placed` placed (contiguous in `bytes`) to their addresses.
+    pub(crate) fn fill(&self, placed: &Placed, bytes: &[u8]) -> Result<(), EngineError> {
+        assert_eq!(placed.bytes, bytes.len(), "the bytes of other records");
+        for (addr, range) in &placed.spans {
+            self.write(*addr, &bytes[range.clone()])?;
+        }
+        Ok(())
     }
 
     fn prepare(&self, addr: u64, len: u64) -> Result<(), EngineError> {
