@@ -519,6 +519,85 @@ fn gets_that_miss_the_cache_park_and_answer_in_order() {
     }
 }
 
+/// A request whose key's index stripe another thread holds (a background
+/// job copying the key, say) parks its connection while a miss reader
+/// waits for the stripe: the worker's other clients are served meanwhile,
+/// and the parked requests answer, in order, once the holder lets go.
+#[test]
+fn requests_on_a_held_key_park_and_the_worker_serves_the_others() {
+    let (server, stack) = start(ServerConfig {
+        workers: 1,
+        ..server_config()
+    });
+    let addr = server.local_addr();
+    let mut c = client(addr);
+    c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let _: () = ok(&mut c, &["SET", "held", "before"]);
+    // A thread that holds the stripe of "held" until told to let go.
+    let engine = stack.engine.clone();
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+    let holder = std::thread::spawn(move || {
+        let mut first = true;
+        engine
+            .transact(&[b"held", b"held2"], |_| {
+                if std::mem::take(&mut first) {
+                    ready_tx.send(()).unwrap();
+                    let _ = go_rx.recv();
+                }
+            })
+            .unwrap();
+    });
+    ready_rx.recv().unwrap();
+    // A read (GET) and a write (SET, then GET) of held keys.
+    let mut parked = raw(addr);
+    parked
+        .write_all(b"*2\r\n$3\r\nGET\r\n$4\r\nheld\r\n")
+        .unwrap();
+    let mut parked2 = raw(addr);
+    parked2
+        .write_all(
+            b"*3\r\n$3\r\nSET\r\n$5\r\nheld2\r\n$5\r\nafter\r\n*2\r\n$3\r\nGET\r\n$5\r\nheld2\r\n",
+        )
+        .unwrap();
+    // The same worker answers another client while those wait (its key
+    // is in another stripe: stripes are a fixed hash of the key).
+    let started = Instant::now();
+    for i in 0..20 {
+        let _: () = ok(&mut c, &["SET", "other", &i.to_string()]);
+        let v: String = ok(&mut c, &["GET", "other"]);
+        assert_eq!(v, i.to_string());
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(4),
+        "the other client waited for the held stripe"
+    );
+    for s in [&mut parked, &mut parked2] {
+        s.set_read_timeout(Some(Duration::from_millis(200)))
+            .unwrap();
+        let mut buf = [0u8; 64];
+        match s.read(&mut buf) {
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            other => panic!("a request on a held key answered: {other:?}"),
+        }
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    }
+    go_tx.send(()).unwrap();
+    holder.join().unwrap();
+    assert_eq!(exchange(&mut parked, b"", 2), "$6\r\nbefore\r\n");
+    assert_eq!(exchange(&mut parked2, b"", 3), "+OK\r\n$5\r\nafter\r\n");
+    let info: String = ok(&mut c, &["INFO", "stats"]);
+    let parked_on_locks: u64 = info
+        .lines()
+        .find_map(|l| l.strip_prefix("critio_requests_parked_on_locks:"))
+        .expect("INFO stats has critio_requests_parked_on_locks")
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(parked_on_locks >= 2, "{info}");
+    assert_eq!(server.shutdown(), 0);
+}
+
 /// One worker, two clients: one sends a pipeline whose replies (about
 /// 20 MiB) it does not read for a while; the other is served meanwhile, and
 /// the first gets every reply, in order, once it reads.

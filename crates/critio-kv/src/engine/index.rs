@@ -141,6 +141,11 @@ impl Index {
         self.stripes[s].lock()
     }
 
+    /// Locks stripe `s` if it is free right now.
+    pub(crate) fn try_lock(&self, s: usize) -> Option<MutexGuard<'_, Stripe>> {
+        self.stripes[s].try_lock()
+    }
+
     /// Keys in the index (expired ones not yet dropped included).
     pub(crate) fn keys(&self) -> u64 {
         self.keys.load(Ordering::Relaxed)

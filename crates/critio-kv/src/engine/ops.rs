@@ -49,11 +49,27 @@ pub(crate) struct Found {
     pub(crate) value: Option<Value>,
 }
 
-/// A value record [`Engine::try_get`] did not find in the page cache.
+/// What a request that did not wait needs before it runs again without
+/// waiting long: a value record [`Engine::try_get`] did not find in the
+/// page cache, or an index stripe someone else held
+/// ([`Engine::try_get`], [`Engine::busy`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Prefetch {
-    addr: u64,
-    size: u32,
+pub struct Prefetch(Need);
+
+impl Prefetch {
+    /// It waits for a stripe another thread held (not for the device).
+    pub fn waits_for_lock(&self) -> bool {
+        matches!(self.0, Need::Stripe(_))
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Need {
+    /// The record at `addr`, of `size` bytes, loaded into the cache.
+    Read { addr: u64, size: u32 },
+    /// Index stripe `0` free: waiting for it (as a foreground thread)
+    /// makes its holder critical until it lets go.
+    Stripe(usize),
 }
 
 /// Milliseconds since the Unix epoch.
@@ -220,11 +236,15 @@ impl Inner {
         self.lookup(&stripe, key, now_ms(), true)
     }
 
-    /// Reads one key if its value is cached: Err(addr, size) names the
-    /// record to prefetch on a miss. Never waits for the device.
+    /// Reads one key if its value is cached and its stripe free: Err names
+    /// the record to prefetch on a miss, or the stripe to wait for. Never
+    /// waits for the device or for another thread's lock.
     fn read_cached(&self, key: &[u8]) -> Result<Result<Option<Found>, Prefetch>, EngineError> {
         self.check_key(key)?;
-        let stripe = self.index.lock(Index::stripe_of(key));
+        let s = Index::stripe_of(key);
+        let Some(stripe) = self.index.try_lock(s) else {
+            return Ok(Err(Prefetch(Need::Stripe(s))));
+        };
         let Some(Found { loc, .. }) = self.lookup(&stripe, key, now_ms(), false)? else {
             return Ok(Ok(None));
         };
@@ -233,10 +253,10 @@ impl Inner {
                 let value = Some(self.decode_value(key, &loc, &buf)?);
                 Ok(Ok(Some(Found { loc, value })))
             }
-            None => Ok(Err(Prefetch {
+            None => Ok(Err(Prefetch(Need::Read {
                 addr: loc.addr,
                 size: loc.size,
-            })),
+            }))),
         }
     }
 
@@ -377,10 +397,11 @@ impl Engine {
         string(found)
     }
 
-    /// GET if the value is in the page cache; on a miss, what to
-    /// [`Engine::prefetch`] before GET finds it there. Never waits for the
-    /// device, so an event loop serving many clients can hand the miss to
-    /// a thread that may.
+    /// GET if the value is in the page cache and the key's index stripe
+    /// free; otherwise what to [`Engine::prefetch`] before GET finds them
+    /// so. Never waits for the device or for a lock another thread holds
+    /// (a background job's, say), so an event loop serving many clients can
+    /// hand the wait to a thread that may.
     pub fn try_get(&self, key: &[u8]) -> Result<Result<Option<Vec<u8>>, Prefetch>, EngineError> {
         Ok(match self.inner.read_cached(key)? {
             Ok(found) => Ok(string(found)?),
@@ -389,11 +410,33 @@ impl Engine {
     }
 
     /// Loads a value a [`Engine::try_get`] missed into the page cache, in
-    /// the caller's class (a foreground thread's read is critical). The
-    /// value's place may have changed meanwhile (an overwrite, a log
-    /// rewrite): then the retried GET misses or reads the new place.
+    /// the caller's class (a foreground thread's read is critical), or
+    /// waits until the stripe it found held is free (a foreground waiter
+    /// makes the holder critical meanwhile). The value's place may have
+    /// changed meanwhile (an overwrite, a log rewrite), or the stripe be
+    /// taken again: then the retried request misses or waits once more.
     pub fn prefetch(&self, p: &Prefetch) -> Result<(), EngineError> {
-        self.inner.vlog.prefetch(p.addr, p.size)
+        match p.0 {
+            Need::Read { addr, size } => self.inner.vlog.prefetch(addr, size),
+            Need::Stripe(s) => {
+                drop(self.inner.index.lock(s));
+                Ok(())
+            }
+        }
+    }
+
+    /// Whether a request over `keys` would now wait for a lock another
+    /// thread holds: the first held stripe, to [`Engine::prefetch`] (wait
+    /// for) before the request runs. A snapshot of a moment: the request
+    /// may still wait, briefly, if the stripe is taken again.
+    pub fn busy(&self, keys: &[&[u8]]) -> Option<Prefetch> {
+        keys.iter().find_map(|k| {
+            let s = Index::stripe_of(k);
+            match self.inner.index.try_lock(s) {
+                Some(_free) => None,
+                None => Some(Prefetch(Need::Stripe(s))),
+            }
+        })
     }
 
     /// Runs `f` as one transaction over `keys` (see [`Txn`]): every key it

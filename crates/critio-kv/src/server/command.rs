@@ -28,11 +28,12 @@ pub(crate) struct Session {
     pub authenticated: bool,
     /// QUIT was received: close after the reply.
     pub quit: bool,
-    /// A read that misses the page cache may park the connection instead
-    /// of waiting for the device (its worker has miss readers).
+    /// A request that would wait (a read that misses the page cache, a key
+    /// whose index stripe another thread holds) may park the connection
+    /// instead (its worker has miss readers).
     pub may_park: bool,
-    /// Set by a read that missed while `may_park`: the request did not
-    /// run; it runs again once this is prefetched.
+    /// Set by a request that would have waited, while `may_park`: it did
+    /// not run; it runs again once this is prefetched (waited for).
     pub parked: Option<crate::engine::Prefetch>,
     /// MULTI's queue and WATCH's keys.
     pub multi: multi::State,
@@ -335,6 +336,15 @@ fn run(ctx: &mut Ctx<'_>, spec: &Spec, args: &[&[u8]]) -> Reply {
         Run::Pure(h) | Run::Server(h) => h(ctx, args),
         Run::Data(h) => {
             let keys = keys_of(spec, args);
+            if ctx.session.may_park {
+                if let Some(busy) = ctx.shared.backend.engine.busy(&keys) {
+                    // Not run: a background job holds one of its keys'
+                    // stripes; the worker parks the connection until the
+                    // stripe is free, and serves its other clients.
+                    ctx.session.parked = Some(busy);
+                    return Reply::Nil;
+                }
+            }
             match ctx.shared.backend.engine.transact(&keys, |t| h(t, args)) {
                 Ok(r) => r,
                 Err(e) => e.into(),

@@ -229,6 +229,11 @@ fn stats(s: &Shared, out: &mut String) {
     kv(out, "keyspace_hits", get(&st.keyspace_hits));
     kv(out, "keyspace_misses", get(&st.keyspace_misses));
     kv(out, "critio_reads_parked", get(&st.reads_parked));
+    kv(
+        out,
+        "critio_requests_parked_on_locks",
+        get(&st.parked_on_locks),
+    );
 }
 
 fn persistence(s: &Shared, out: &mut String) {

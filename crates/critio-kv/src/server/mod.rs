@@ -171,6 +171,10 @@ pub(crate) struct Stats {
     /// GETs that missed the page cache and parked their connection while
     /// a miss reader loaded the value.
     pub reads_parked: AtomicU64,
+    /// Requests that found one of their keys' index stripes held by
+    /// another thread (a background job's, say) and parked their
+    /// connection while a miss reader waited for it.
+    pub parked_on_locks: AtomicU64,
 }
 
 impl Stats {
@@ -190,6 +194,7 @@ impl Stats {
             &self.keyspace_hits,
             &self.keyspace_misses,
             &self.reads_parked,
+            &self.parked_on_locks,
         ] {
             c.store(0, Ordering::Relaxed);
         }

@@ -37,8 +37,13 @@
 //! ```
 //!
 //! so a worker's other clients go on while the device serves the miss, and
-//! replies stay in request order. Other requests that wait for the device
-//! (a full log, a miss of another command) hold their worker meanwhile.
+//! replies stay in request order. A request that finds an index stripe of
+//! one of its keys held by another thread (the log rewrite copying those
+//! keys, a checkpoint, a snapshot) parks the same way: its miss reader
+//! waits for the stripe (a foreground waiter, so the holder inherits
+//! criticality), and one worker's other clients do not wait for a
+//! background job's lock. Other requests that wait for the device (a full
+//! log, a miss of another command) hold their worker meanwhile.
 
 use std::collections::HashMap;
 use std::io;
@@ -389,7 +394,12 @@ impl Worker<'_> {
                 continue;
             }
             if let Some(prefetch) = e.conn.prefetch.take() {
-                Stats::add(&shared.stats.reads_parked, 1);
+                let counter = if prefetch.waits_for_lock() {
+                    &shared.stats.parked_on_locks
+                } else {
+                    &shared.stats.reads_parked
+                };
+                Stats::add(counter, 1);
                 let miss = Miss {
                     prefetch,
                     conn: id,
