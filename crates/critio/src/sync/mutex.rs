@@ -42,6 +42,7 @@ use atomic_refcell::{AtomicRefCell, AtomicRefMut};
 use super::fair::Turn;
 use super::waiters::{BoostSet, WaiterQueue};
 use super::SyncOptions;
+use crate::class::Class;
 use crate::context::{
     self, propagate, Blocker, BlockingStatus, InheritKind, TaskId, TaskRef, WaitScope,
 };
@@ -52,8 +53,9 @@ const CONTENDED: u64 = 2;
 const OWNER_SHIFT: u32 = 2;
 
 /// Rounds of exponentially longer busy-waiting, then rounds of yielding the
-/// CPU, before a contender queues (parking_lot's `SpinWait`); none under
-/// loom, where every spin would be a modelled step.
+/// CPU (non-critical contenders only, see [`SpinWait::new`]), before a
+/// contender queues (parking_lot's `SpinWait`); none under loom, where
+/// every spin would be a modelled step.
 #[cfg(not(loom))]
 const SPIN_ROUNDS: u32 = 3;
 #[cfg(not(loom))]
@@ -75,15 +77,30 @@ const HANDOFF_SPINS: u32 = 0;
 const _: () = assert!(SPIN_ROUNDS < 16);
 
 /// A contender's bounded spinning before it queues.
-#[derive(Default)]
 struct SpinWait {
     rounds: u32,
+    /// Spins, then yields the CPU, up to this many rounds.
+    budget: u32,
 }
 
 impl SpinWait {
+    /// The budget of a contender of `class`. A critical one does not
+    /// yield: a yield hands the CPU to whoever the scheduler picks, often
+    /// a background holder that then runs out its slice (18 ms on a busy
+    /// two-core machine, measured) while the critical thread, which has
+    /// had the more CPU of the two, waits to be picked again. Queued, it
+    /// makes the holder critical and is handed the lock at its release.
+    fn new(class: Class) -> SpinWait {
+        let budget = match class {
+            Class::Critical => SPIN_ROUNDS,
+            Class::NonCritical => SPIN_ROUNDS + YIELD_ROUNDS,
+        };
+        SpinWait { rounds: 0, budget }
+    }
+
     /// Spins or yields once more; false once the budget is spent.
     fn spin(&mut self) -> bool {
-        if self.rounds >= SPIN_ROUNDS + YIELD_ROUNDS {
+        if self.rounds >= self.budget {
             return false;
         }
         self.rounds += 1;
@@ -297,7 +314,7 @@ impl MutexCore {
     /// Takes the lock if it is free, spinning a little while nobody is
     /// queued. False once the caller should queue.
     fn barge(&self, me: TaskId) -> bool {
-        let mut spin = SpinWait::default();
+        let mut spin = SpinWait::new(context::current_class());
         loop {
             if self.try_lock(me) {
                 return true;
@@ -475,12 +492,7 @@ impl MutexCore {
 }
 
 impl Blocker for MutexCore {
-    fn record_wait(
-        &self,
-        point: &'static str,
-        class: crate::class::Class,
-        waited: std::time::Duration,
-    ) {
+    fn record_wait(&self, point: &'static str, class: Class, waited: std::time::Duration) {
         self.opts.metrics.get().record_wait(point, class, waited);
     }
     fn resolve(&self, waiter: &TaskRef, flipped: &mut Vec<TaskRef>) {
