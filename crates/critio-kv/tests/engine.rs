@@ -704,3 +704,51 @@ fn transactions_are_atomic_across_power_cuts() {
         }
     }
 }
+
+/// `busy` and `try_get` name a stripe a background thread holds (so a
+/// server parks the request rather than its worker), and not one a
+/// foreground thread (another request) holds: that one is waited for.
+#[test]
+fn a_stripe_held_by_background_work_is_named_and_one_held_by_a_request_is_not() {
+    let e = Arc::new(open_on(Arc::new(MemDevice::new(32 * MIB)), MIB).unwrap());
+    set(&e, "k", b"v");
+    for foreground in [false, true] {
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+        let e2 = e.clone();
+        let holder = std::thread::spawn(move || {
+            if foreground {
+                critio::context::set_foreground();
+            }
+            let mut first = true;
+            e2.transact(&[b"k"], |_| {
+                if std::mem::take(&mut first) {
+                    ready_tx.send(()).unwrap();
+                    let _ = go_rx.recv();
+                }
+            })
+            .unwrap();
+        });
+        ready_rx.recv().unwrap();
+        let keys: [&[u8]; 1] = [b"k"];
+        if foreground {
+            assert_eq!(e.busy(&keys), None, "a request's stripe is waited for");
+            // try_get waits for it: let the holder go once it is waiting.
+            let release = std::thread::spawn(move || {
+                std::thread::sleep(std::time::Duration::from_millis(50));
+                go_tx.send(()).unwrap();
+            });
+            assert_eq!(e.try_get(b"k").unwrap(), Ok(Some(b"v".to_vec())));
+            release.join().unwrap();
+        } else {
+            let busy = e.busy(&keys).expect("a background job's stripe is named");
+            assert!(busy.waits_for_lock());
+            assert_eq!(e.try_get(b"k").unwrap(), Err(busy));
+            go_tx.send(()).unwrap();
+            e.prefetch(&busy).unwrap(); // returns once the stripe is free
+        }
+        holder.join().unwrap();
+        assert_eq!(e.busy(&keys), None);
+    }
+    Arc::into_inner(e).unwrap().close().unwrap();
+}

@@ -146,6 +146,16 @@ impl Index {
         self.stripes[s].try_lock()
     }
 
+    /// Whether stripe `s` is held by a thread that is not foreground (a
+    /// background job's, boosted or not): worth a request's parking rather
+    /// than its worker's wait. False if it is free by now.
+    pub(crate) fn held_by_background(&self, s: usize) -> bool {
+        self.stripes[s]
+            .owner()
+            .and_then(critio::context::lookup)
+            .is_some_and(|t| !t.is_foreground())
+    }
+
     /// Keys in the index (expired ones not yet dropped included).
     pub(crate) fn keys(&self) -> u64 {
         self.keys.load(Ordering::Relaxed)
