@@ -29,7 +29,7 @@ pub(crate) struct Session {
     /// QUIT was received: close after the reply.
     pub quit: bool,
     /// A request that would wait (a read that misses the page cache, a key
-    /// whose index stripe another thread holds) may park the connection
+    /// whose index stripe a background thread holds) may park the connection
     /// instead (its worker has miss readers).
     pub may_park: bool,
     /// Set by a request that would have waited, while `may_park`: it did

@@ -38,8 +38,8 @@
 //!
 //! so a worker's other clients go on while the device serves the miss, and
 //! replies stay in request order. A request that finds an index stripe of
-//! one of its keys held by another thread (the log rewrite copying those
-//! keys, a checkpoint, a snapshot) parks the same way: its miss reader
+//! one of its keys held by a background thread (the log rewrite copying
+//! those keys, a checkpoint, a snapshot) parks the same way: its miss reader
 //! waits for the stripe (a foreground waiter, so the holder inherits
 //! criticality), and one worker's other clients do not wait for a
 //! background job's lock. Other requests that wait for the device (a full
