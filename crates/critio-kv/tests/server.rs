@@ -119,6 +119,17 @@ fn q<T: FromRedisValue>(c: &mut Connection, words: &[&str]) -> RedisResult<T> {
     cmd.query(c)
 }
 
+/// A counter of INFO stats.
+fn stat(c: &mut Connection, name: &str) -> u64 {
+    let info: String = ok(c, &["INFO", "stats"]);
+    info.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+        .unwrap_or_else(|| panic!("INFO stats has no {name}"))
+        .trim()
+        .parse()
+        .unwrap()
+}
+
 /// Runs one command that must succeed.
 fn ok<T: FromRedisValue>(c: &mut Connection, words: &[&str]) -> T {
     q(c, words).unwrap_or_else(|e| panic!("{words:?}: {e}"))
@@ -499,14 +510,7 @@ fn gets_that_miss_the_cache_park_and_answer_in_order() {
             let count: i64 = redis::from_redis_value(&got[2 * k + 1]).unwrap();
             assert_eq!(count, n, "INCR out of order");
         }
-        let info: String = ok(&mut c, &["INFO", "stats"]);
-        let parked: u64 = info
-            .lines()
-            .find_map(|l| l.strip_prefix("critio_reads_parked:"))
-            .expect("INFO stats has critio_reads_parked")
-            .trim()
-            .parse()
-            .unwrap();
+        let parked = stat(&mut c, "critio_reads_parked");
         if readers == 0 {
             assert_eq!(parked, 0);
         } else {
@@ -586,15 +590,8 @@ fn requests_on_a_held_key_park_and_the_worker_serves_the_others() {
     holder.join().unwrap();
     assert_eq!(exchange(&mut parked, b"", 2), "$6\r\nbefore\r\n");
     assert_eq!(exchange(&mut parked2, b"", 3), "+OK\r\n$5\r\nafter\r\n");
-    let info: String = ok(&mut c, &["INFO", "stats"]);
-    let parked_on_locks: u64 = info
-        .lines()
-        .find_map(|l| l.strip_prefix("critio_requests_parked_on_locks:"))
-        .expect("INFO stats has critio_requests_parked_on_locks")
-        .trim()
-        .parse()
-        .unwrap();
-    assert!(parked_on_locks >= 2, "{info}");
+    let parked_on_locks = stat(&mut c, "critio_requests_parked_on_locks");
+    assert!(parked_on_locks >= 2, "{parked_on_locks} requests parked");
     assert_eq!(server.shutdown(), 0);
 }
 
