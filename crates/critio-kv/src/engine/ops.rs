@@ -51,13 +51,13 @@ pub(crate) struct Found {
 
 /// What a request that did not wait needs before it runs again without
 /// waiting long: a value record [`Engine::try_get`] did not find in the
-/// page cache, or an index stripe someone else held
+/// page cache, or an index stripe a background thread held
 /// ([`Engine::try_get`], [`Engine::busy`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Prefetch(Need);
 
 impl Prefetch {
-    /// It waits for a stripe another thread held (not for the device).
+    /// It waits for a stripe a background thread held (not for the device).
     pub fn waits_for_lock(&self) -> bool {
         matches!(self.0, Need::Stripe(_))
     }
@@ -67,7 +67,7 @@ impl Prefetch {
 enum Need {
     /// The record at `addr`, of `size` bytes, loaded into the cache.
     Read { addr: u64, size: u32 },
-    /// Index stripe `0` free: waiting for it (as a foreground thread)
+    /// This index stripe free: waiting for it (as a foreground thread)
     /// makes its holder critical until it lets go.
     Stripe(usize),
 }
