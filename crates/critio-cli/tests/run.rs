@@ -445,16 +445,7 @@ fn a_foreground_pipe_reader_lifts_the_pacing_of_the_background_writer() {
         "piped",
         r#"
 import os, sys, time
-r, w = os.pipe()
-pid = os.fork()
-if pid == 0:
-    os.close(r)
-    os.write(w, b"r")
-    write_paced(sys.argv[1], 6)
-    os.write(w, b"d")
-    os._exit(0)
-os.close(w)
-assert os.read(r, 1) == b"r"
+r = pipe_writer_child(sys.argv[1])
 time.sleep(0.2)  # the child is classified and writing by now
 t0 = time.time()
 assert os.read(r, 1) == b"d"
@@ -465,7 +456,10 @@ print(f"waited {time.time() - t0:.3f}")
 
 /// Python the scripts of [`python_wait_is_cut_by_inheritance`] start
 /// with: `write_paced(path, mib)` appends `mib` MiB to `path`, 64 KiB per
-/// `write` (seconds of writing when paced at 1 MiB/s).
+/// `write` (seconds of writing when paced at 1 MiB/s);
+/// `pipe_writer_child(path)` forks a child that writes "r" to a new pipe,
+/// then 6 MiB paced to `path`, then "d", and returns the pipe's read end
+/// once "r" arrived (the child is writing).
 const PY_PACED: &str = r#"
 import os
 def write_paced(path, mib):
@@ -473,6 +467,17 @@ def write_paced(path, mib):
     for _ in range(mib * 16):
         os.write(fd, b"x" * 65536)
     os.close(fd)
+def pipe_writer_child(path):
+    r, w = os.pipe()
+    if os.fork() == 0:
+        os.close(r)
+        os.write(w, b"r")
+        write_paced(path, 6)
+        os.write(w, b"d")
+        os._exit(0)
+    os.close(w)
+    assert os.read(r, 1) == b"r"
+    return r
 "#;
 
 /// Runs a Python `script` (given a data path) under [`paced_wait`] with
@@ -520,16 +525,7 @@ import os, sys, time
 ready_r, ready_w = os.pipe()
 c = os.fork()
 if c == 0:
-    r, w = os.pipe()
-    g = os.fork()
-    if g == 0:
-        os.close(r)
-        os.write(w, b"r")
-        write_paced(sys.argv[1], 6)
-        os.write(w, b"d")
-        os._exit(0)
-    os.close(w)
-    assert os.read(r, 1) == b"r"
+    r = pipe_writer_child(sys.argv[1])  # G
     os.write(ready_w, b"1")  # about to block: G is writing
     assert os.read(r, 1) == b"d"
     os._exit(0)
