@@ -13,6 +13,8 @@
 //!      mean foreground fsync latency of the window (from the block)
 //!      above target_ratio x its clean baseline  -> background rate halved (not below min_rate)
 //!      else                                     -> rate raised by step (up to max_rate)
+//!      boosts whose waiter died ended; every second, wait and pipe-writer records of
+//!      dead threads cleared (a reused tid must not inherit them)
 //!  at exit (or on SIGUSR1): --stats prints the per-class latency histograms and the
 //!  pacing decisions; --explain the class each process and thread was given, and why
 //! ```
@@ -552,12 +554,17 @@ pub fn run(args: RunArgs) -> Result<ExitCode, String> {
         let pid = child.id() as i32;
         std::thread::spawn(move || {
             let mut ctl = Controller::new(&cfg);
+            let mut reaped_at = Instant::now();
             while !done.load(Ordering::Relaxed) {
                 std::thread::sleep(Duration::from_millis(cfg.window_ms));
                 if pace {
                     ctl.window(block.control());
                 }
                 reap_boosts(block.control());
+                if reaped_at.elapsed() >= REAP_EVERY {
+                    reaped_at = Instant::now();
+                    block.control().reap_dead_records(thread_exists);
+                }
                 for (flag, sig) in [(&forward, libc::SIGTERM), (&hup, libc::SIGHUP)] {
                     if flag.swap(false, Ordering::Relaxed) {
                         // SAFETY: kill takes integers; the child is ours.
@@ -614,6 +621,16 @@ fn reap_boosts(c: &Control) {
             unsafe { libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, c.background_nice) };
         }
     }
+}
+
+/// How often the wait and pipe-writer records of dead threads are cleared
+/// (`Control::reap_dead_records`): each check is a `stat` per record.
+const REAP_EVERY: Duration = Duration::from_secs(1);
+
+/// Whether thread `tid` exists (a zombie does: its tid is not free yet).
+/// `/proc/TID` resolves for any thread's id, not only a process's.
+fn thread_exists(tid: i32) -> bool {
+    tid > 0 && std::fs::symlink_metadata(format!("/proc/{tid}")).is_ok()
 }
 
 /// What `/proc/TID/status` says of a thread.
@@ -818,6 +835,24 @@ mod tests {
         assert!(thread_state(pid).is_some_and(|s| !s.alive), "a zombie");
         child.wait().unwrap();
         assert!(thread_state(pid).is_none(), "reaped");
+    }
+
+    #[test]
+    fn a_thread_that_ended_no_longer_exists() {
+        // SAFETY: gettid has no preconditions.
+        let me = unsafe { libc::gettid() };
+        assert!(thread_exists(me));
+        // SAFETY: as above.
+        let t = std::thread::spawn(|| unsafe { libc::gettid() });
+        let tid = t.join().unwrap();
+        assert!(tid != me);
+        // A joined thread's tid is released once its exit completes.
+        let gone = (0..200).any(|_| {
+            std::thread::sleep(Duration::from_millis(5));
+            !thread_exists(tid)
+        });
+        assert!(gone, "thread {tid} still exists after it was joined");
+        assert!(!thread_exists(0) && !thread_exists(-1));
     }
 
     #[test]

@@ -619,6 +619,37 @@ impl Control {
         unboosted
     }
 
+    /// Clears the wait and pipe-writer records of threads that `alive`
+    /// says are gone. A killed thread (its process killed in a wait, or
+    /// between a pipe write and the reader's look) never clears its own,
+    /// and once the kernel hands its tid to another thread a boost would
+    /// follow the record to that one. A wait whose owner is gone is
+    /// cleared too: nobody is left to boost along it. The kernel reuses a
+    /// tid only after cycling through the whole pid space, so a record
+    /// reaped within a second of its thread's death cannot reach a new
+    /// one in practice. Returns how many records were cleared.
+    pub fn reap_dead_records(&self, alive: impl Fn(i32) -> bool) -> usize {
+        let mut cleared = 0;
+        for slot in &self.waits {
+            let v = slot.load(Ordering::Acquire);
+            if v == 0 {
+                continue;
+            }
+            let (tid, owner) = ((v >> 32) as u32 as i32, v as u32 as i32);
+            if alive(tid) && alive(owner) {
+                continue;
+            }
+            // A thread that recorded a new wait meanwhile keeps it.
+            if slot
+                .compare_exchange(v, 0, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+            {
+                cleared += 1;
+            }
+        }
+        cleared + LastThread::reap(&self.pipe_writers, alive)
+    }
+
     /// The class `tid` was last logged with, if any (a scan of the log,
     /// newest first; no allocation).
     pub fn logged_class(&self, tid: i32) -> Option<Class> {
@@ -718,6 +749,25 @@ impl LastThread {
         }
     }
 
+    /// Clears the records of threads that `alive` says are gone; returns
+    /// how many.
+    pub fn reap(table: &[AtomicU64], alive: impl Fn(i32) -> bool) -> usize {
+        let mut cleared = 0;
+        for slot in table {
+            let v = slot.load(Ordering::Relaxed);
+            if v == 0 || alive((v & ((1 << Self::TID_BITS) - 1)) as i32) {
+                continue;
+            }
+            if slot
+                .compare_exchange(v, 0, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+            {
+                cleared += 1;
+            }
+        }
+        cleared
+    }
+
     /// The last thread that acted on `key` (0: none recorded).
     pub fn get(table: &[AtomicU64], key: u64) -> i32 {
         let (slot, tag) = Self::hash(key, table.len());
@@ -776,6 +826,28 @@ mod tests {
         assert_eq!(LastThread::get(&table, other), 99);
         LastThread::forget(&table, other, 99);
         assert_eq!(LastThread::get(&table, other), 0);
+    }
+
+    #[test]
+    fn records_of_dead_threads_are_reaped_and_live_ones_kept() {
+        let c = zeroed();
+        let wait = |tid: u64, owner: u64| (tid << 32) | owner;
+        // 5 waits for 6, 7 for 8 and 9 for 10; 8 and 9 died.
+        c.waits[0].store(wait(5, 6), Ordering::Relaxed);
+        c.waits[1].store(wait(7, 8), Ordering::Relaxed);
+        c.waits[2].store(wait(9, 10), Ordering::Relaxed);
+        // 6 and 8 wrote pipes 100 and 200 last.
+        LastThread::note(&c.pipe_writers, 100, 6);
+        LastThread::note(&c.pipe_writers, 200, 8);
+        let dead = [8, 9];
+        assert_eq!(c.reap_dead_records(|t| !dead.contains(&t)), 3);
+        assert_eq!(c.waits[0].load(Ordering::Relaxed), wait(5, 6));
+        assert_eq!(c.waits[1].load(Ordering::Relaxed), 0, "a dead owner");
+        assert_eq!(c.waits[2].load(Ordering::Relaxed), 0, "a dead waiter");
+        assert_eq!(LastThread::get(&c.pipe_writers, 100), 6);
+        assert_eq!(LastThread::get(&c.pipe_writers, 200), 0);
+        // Nothing is left to reap.
+        assert_eq!(c.reap_dead_records(|t| !dead.contains(&t)), 0);
     }
 
     #[test]

@@ -42,7 +42,10 @@
 //! (cancelled: a thread-local's destructor), or, for a waiter killed in its
 //! wait, when `critio run` finds it dead: every boost is recorded with its
 //! waiter in the block (`Control::boosters`), and `critio run` reaps the
-//! records of dead waiters every controller window.
+//! records of dead waiters every controller window. A killed thread's
+//! wait and pipe-writer records are cleared by `critio run` too, within a
+//! second (`Control::reap_dead_records`), before the kernel can give its
+//! tid to another thread.
 //!
 //! Pipes follow the same heuristic across processes: every write to a
 //! pipe (`write`, `writev`) records its thread in the block
