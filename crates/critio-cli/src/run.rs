@@ -177,7 +177,7 @@ pub struct RunConfig {
     /// Background rules, after the command line's.
     pub background: Vec<String>,
     /// A background writer hands its data to writeback every this many
-    /// KiB (its most in flight). Default 1024.
+    /// KiB (two such chunks are its most in flight). Default 1024.
     pub chunk_kib: u64,
     /// The background rate the controller starts at, MiB/s. Default 64.
     pub start_rate_mib: f64,

@@ -131,6 +131,53 @@ fn explain_shows_each_thread_and_the_rule_that_decided() {
 }
 
 #[test]
+fn a_background_appenders_chunks_are_written_back_and_all_but_the_last_dropped() {
+    let Some(py) = python() else {
+        eprintln!("skipped: no python3");
+        return;
+    };
+    let dir = std::env::temp_dir().join(format!("critio-run-chunks-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("dump");
+    // Eight 1 MiB chunks appended in 64 KiB writes by a forked child (a
+    // background process: only the launched one's main thread is
+    // foreground), unpaced so that the test does not wait for a pace. The
+    // parent polls for it: a blocking waitpid would make it foreground.
+    let script = format!(
+        "import os, time\npid = os.fork()\nif pid == 0:\n    \
+         fd = os.open({:?}, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)\n    \
+         for _ in range(128): os.write(fd, b'x' * 65536)\n    \
+         os.close(fd)\n    os._exit(0)\n\
+         while os.waitpid(pid, os.WNOHANG) == (0, 0): time.sleep(0.01)\n",
+        file.to_str().unwrap()
+    );
+    let o = Command::new(CRITIO)
+        .args(["run", "--foreground", "main", "--no-pace", "--stats", "--"])
+        .args([py, "-c", &script])
+        .output()
+        .unwrap();
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{out}\n{err}");
+    assert_eq!(std::fs::metadata(&file).unwrap().len(), 8 << 20);
+    let pacing = err
+        .lines()
+        .find_map(|l| l.strip_prefix("critio run: pacing: "))
+        .unwrap_or_else(|| panic!("no pacing line in:\n{err}"));
+    // Every chunk was started on its way; each but the last was then
+    // waited for (when the next one was due) and dropped from the page
+    // cache, so the writer never waits for the chunk it just wrote.
+    assert!(
+        pacing.starts_with("8 appended chunks, 8.0 MiB handed to writeback"),
+        "{pacing}"
+    );
+    assert!(
+        pacing.contains("7.0 MiB dropped from the page cache"),
+        "{pacing}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
 fn bad_rules_and_a_missing_command_are_clear_errors() {
     let run = |args: &[&str]| {
         let o = Command::new(CRITIO).arg("run").args(args).output().unwrap();

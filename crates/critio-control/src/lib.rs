@@ -346,7 +346,8 @@ pub struct Control {
     /// The rules, in order.
     pub rules: [Rule; RULES_MAX],
     /// A background writer hands its dirty data to writeback once it has
-    /// written this much (and waits for it): its most in flight.
+    /// written this much, and then waits for the chunk before: at most two
+    /// of its chunks are in flight.
     pub chunk_bytes: AtomicU64,
     /// The controller's pace for all background writes together, in
     /// bytes/s (0: unpaced).

@@ -10,12 +10,19 @@
 //!    set by the controller in `critio run`; every background writer of
 //!    the tree shares it; one wait is at most [`PACE_WAIT_MAX_NS`]; none
 //!    while a foreground thread waits for a lock it holds),
-//! 2. writes the range back itself and waits for it (`sync_file_range`
-//!    with WAIT_BEFORE | WRITE | WAIT_AFTER): the I/O carries the writer's
-//!    background I/O priority, at most one chunk per writer is in flight,
-//!    and no foreground `fsync` later finds these pages dirty,
-//! 3. drops the range from the page cache (`POSIX_FADV_DONTNEED`): a dump
-//!    or log rewrite is not read again.
+//! 2. starts the chunk's writeback itself (`sync_file_range` WRITE), so
+//!    the I/O carries the writer's background I/O priority,
+//! 3. waits for the chunk before it (WAIT_BEFORE | WRITE | WAIT_AFTER):
+//!    at most two chunks per writer are in flight, no foreground `fsync`
+//!    later finds these pages dirty, and the writer keeps producing the
+//!    next chunk while one is written (a wait for its own chunk made a
+//!    Redis rewrite with no load at all take 1.4x as long as stock),
+//! 4. drops that earlier chunk from the page cache (`POSIX_FADV_DONTNEED`):
+//!    a dump or log rewrite is not read again.
+//!
+//! A descriptor's last chunk is left to the kernel's writeback (and to the
+//! program's own `fsync`, which a dump or a rewrite does before it renames
+//! the file).
 //!
 //! A chunk written in place is only started on its way to the device
 //! (`sync_file_range` with WRITE alone), at the writer's priority, and
@@ -48,6 +55,10 @@ struct FdState {
     pending: AtomicU64,
     lo: AtomicU64,
     hi: AtomicU64,
+    /// The appended chunk started last and not waited for yet, `[lo, hi)`
+    /// (`lo >= hi`: none).
+    started_lo: AtomicU64,
+    started_hi: AtomicU64,
 }
 
 #[allow(clippy::declare_interior_mutable_const)]
@@ -57,6 +68,8 @@ const FD_INIT: FdState = FdState {
     pending: AtomicU64::new(0),
     lo: AtomicU64::new(u64::MAX),
     hi: AtomicU64::new(0),
+    started_lo: AtomicU64::new(u64::MAX),
+    started_hi: AtomicU64::new(0),
 };
 
 static STATE: [FdState; FDS] = [FD_INIT; FDS];
@@ -130,6 +143,8 @@ pub fn closed(fd: libc::c_int) {
         s.pending.store(0, Ordering::Relaxed);
         s.lo.store(u64::MAX, Ordering::Relaxed);
         s.hi.store(0, Ordering::Relaxed);
+        s.started_lo.store(u64::MAX, Ordering::Relaxed);
+        s.started_hi.store(0, Ordering::Relaxed);
     }
 }
 
@@ -224,6 +239,32 @@ pub fn hand_off(fd: libc::c_int, c: &Control) {
         return;
     }
     wait_turn(bytes, c);
+    // SAFETY: sync_file_range takes integers; it is not interposed.
+    let r = unsafe {
+        libc::sync_file_range(
+            fd,
+            off as libc::off64_t,
+            len as libc::off64_t,
+            libc::SYNC_FILE_RANGE_WRITE,
+        )
+    };
+    if r != 0 {
+        return;
+    }
+    c.paced_chunks.fetch_add(1, Ordering::Relaxed);
+    c.paced_bytes.fetch_add(bytes, Ordering::Relaxed);
+    let (before_lo, before_hi) = (
+        s.started_lo.swap(off, Ordering::Relaxed),
+        s.started_hi.swap(off + len, Ordering::Relaxed),
+    );
+    if before_lo < before_hi {
+        finish(fd, before_lo, before_hi - before_lo, c);
+    }
+}
+
+/// Waits for the appended range `[off, off + len)` of `fd` to reach the
+/// device, then drops it from the page cache.
+fn finish(fd: libc::c_int, off: u64, len: u64, c: &Control) {
     let t0 = now_ns();
     // SAFETY: sync_file_range takes integers; it is not interposed.
     let r = unsafe {
@@ -242,8 +283,6 @@ pub fn hand_off(fd: libc::c_int, c: &Control) {
     }
     c.writeback_wait_ns.fetch_add(took, Ordering::Relaxed);
     c.record(Class::Background, Op::Sync, took);
-    c.paced_chunks.fetch_add(1, Ordering::Relaxed);
-    c.paced_bytes.fetch_add(bytes, Ordering::Relaxed);
     // Appended: not read again, so dropped from the page cache.
     // SAFETY: posix_fadvise takes integers; it is not interposed.
     let r = unsafe {
