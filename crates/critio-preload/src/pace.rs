@@ -223,32 +223,14 @@ pub fn hand_off(fd: libc::c_int, c: &Control) {
         // write (a database's buffer lock while it writes the page out), so
         // nothing here waits: the range is only started on its way to the
         // device, and the call returns.
-        // SAFETY: sync_file_range takes integers; it is not interposed.
-        let r = unsafe {
-            libc::sync_file_range(
-                fd,
-                off as libc::off64_t,
-                len as libc::off64_t,
-                libc::SYNC_FILE_RANGE_WRITE,
-            )
-        };
-        if r == 0 {
+        if start_writeback(fd, off, len) {
             c.kicked_chunks.fetch_add(1, Ordering::Relaxed);
             c.kicked_bytes.fetch_add(bytes, Ordering::Relaxed);
         }
         return;
     }
     wait_turn(bytes, c);
-    // SAFETY: sync_file_range takes integers; it is not interposed.
-    let r = unsafe {
-        libc::sync_file_range(
-            fd,
-            off as libc::off64_t,
-            len as libc::off64_t,
-            libc::SYNC_FILE_RANGE_WRITE,
-        )
-    };
-    if r != 0 {
+    if !start_writeback(fd, off, len) {
         return;
     }
     c.paced_chunks.fetch_add(1, Ordering::Relaxed);
@@ -259,6 +241,20 @@ pub fn hand_off(fd: libc::c_int, c: &Control) {
     );
     if before_lo < before_hi {
         finish(fd, before_lo, before_hi - before_lo, c);
+    }
+}
+
+/// Starts the writeback of `[off, off + len)` of `fd` without waiting;
+/// false if the kernel refused.
+fn start_writeback(fd: libc::c_int, off: u64, len: u64) -> bool {
+    // SAFETY: sync_file_range takes integers; it is not interposed.
+    unsafe {
+        libc::sync_file_range(
+            fd,
+            off as libc::off64_t,
+            len as libc::off64_t,
+            libc::SYNC_FILE_RANGE_WRITE,
+        ) == 0
     }
 }
 
