@@ -438,14 +438,11 @@ impl Engine {
     /// microseconds, less than a hand-off costs. A snapshot of a moment:
     /// the request may still wait, briefly, if the stripe is taken again.
     pub fn busy(&self, keys: &[&[u8]]) -> Option<Prefetch> {
-        keys.iter().find_map(|k| {
-            let s = Index::stripe_of(k);
-            match self.inner.index.try_lock(s) {
-                Some(_free) => None,
-                None if self.inner.index.held_by_background(s) => Some(Prefetch(Need::Stripe(s))),
-                None => None, // another request's, held for microseconds
-            }
-        })
+        // The lock word names its holder: nothing is locked to ask.
+        keys.iter()
+            .map(|k| Index::stripe_of(k))
+            .find(|&s| self.inner.index.held_by_background(s))
+            .map(|s| Prefetch(Need::Stripe(s)))
     }
 
     /// Runs `f` as one transaction over `keys` (see [`Txn`]): every key it
