@@ -149,8 +149,6 @@ pub(crate) struct Placed {
     spans: Vec<(u64, std::ops::Range<usize>)>,
     /// Whether a snapshot that started before them is running.
     pub(crate) snapshot: bool,
-    /// Their bytes in all.
-    bytes: usize,
 }
 
 /// The value log of one store.
@@ -378,14 +376,14 @@ impl Vlog {
             addrs,
             spans,
             snapshot: st.snapshot.is_some(),
-            bytes: at,
         })
     }
 
     /// The second half of [`Self::append`]: copies the bytes of the records
     /// `placed` placed (contiguous in `bytes`) to their addresses.
     pub(crate) fn fill(&self, placed: &Placed, bytes: &[u8]) -> Result<(), EngineError> {
-        assert_eq!(placed.bytes, bytes.len(), "the bytes of other records");
+        let placed_bytes = placed.spans.last().map_or(0, |(_, range)| range.end);
+        assert_eq!(placed_bytes, bytes.len(), "the bytes of other records");
         for (addr, range) in &placed.spans {
             self.write(*addr, &bytes[range.clone()])?;
         }
