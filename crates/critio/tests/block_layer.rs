@@ -11,7 +11,7 @@ use common::{wait_blocked, wait_until};
 use critio::block::{BlockConfig, BlockLayer, BlockScheme, NoncriticalCap, Promotion};
 use critio::context::{self, BlockingStatus, Class, InheritKind};
 use critio::device::mem::MemDevice;
-use critio::device::{AlignedBuf, Op};
+use critio::device::{AlignedBuf, Device, Op};
 use critio::sync::Mutex;
 
 fn layer(dev: Arc<GateDevice>, cfg: BlockConfig) -> Arc<BlockLayer> {
@@ -298,4 +298,111 @@ fn a_thread_background_level_orders_its_writeback_below_higher_levels() {
     }
     let lanes = l.stats().counters.lane_dispatches;
     assert_eq!(&lanes[..7], &[0, 2, 1, 0, 0, 0, 1]);
+}
+
+/// A memory device that does flushes in their caller's thread
+/// ([`Device::flush_here`]): records which thread flushed and how, and can
+/// hold a flush done here until the test lets it end.
+struct FlushHere {
+    mem: MemDevice,
+    log: parking_lot::Mutex<Vec<(std::thread::ThreadId, &'static str)>>,
+    hold: parking_lot::Mutex<Option<std::sync::mpsc::Receiver<()>>>,
+}
+
+impl FlushHere {
+    fn new(hold: Option<std::sync::mpsc::Receiver<()>>) -> Arc<Self> {
+        Arc::new(Self {
+            mem: MemDevice::new(1 << 20),
+            log: parking_lot::Mutex::new(Vec::new()),
+            hold: parking_lot::Mutex::new(hold),
+        })
+    }
+}
+
+impl Device for FlushHere {
+    fn info(&self) -> &critio::device::DeviceInfo {
+        self.mem.info()
+    }
+
+    fn submit(&self, cmd: critio::device::Command, done: critio::device::Completer) {
+        if cmd.op == Op::Flush {
+            self.log
+                .lock()
+                .push((std::thread::current().id(), "submit"));
+        }
+        self.mem.submit(cmd, done)
+    }
+
+    fn flushes_here(&self) -> bool {
+        true
+    }
+
+    fn flush_here(&self) -> Option<Result<(), critio::device::DeviceError>> {
+        self.log.lock().push((std::thread::current().id(), "here"));
+        if let Some(rx) = self.hold.lock().take() {
+            rx.recv().unwrap();
+        }
+        Some(Ok(()))
+    }
+}
+
+#[test]
+fn a_flush_its_caller_waits_for_is_done_in_the_callers_thread() {
+    let dev = FlushHere::new(None);
+    let l = BlockLayer::new(dev.clone(), BlockConfig::default()).unwrap();
+    context::set_foreground();
+    l.write(0, page(3)).unwrap();
+    l.flush().unwrap();
+    let me = std::thread::current().id();
+    assert_eq!(*dev.log.lock(), vec![(me, "here")]);
+    // A flush nobody waits for yet goes through submit as before.
+    l.submit(Op::Flush, 0, AlignedBuf::empty(), false, "t: flush")
+        .unwrap()
+        .wait()
+        .unwrap();
+    assert_eq!(dev.log.lock().last(), Some(&(me, "submit")));
+    let s = l.stats();
+    assert_eq!(s.class(Class::Critical).completions, 2, "write, flush");
+    assert_eq!(
+        s.class(Class::NonCritical).completions,
+        1,
+        "the async flush"
+    );
+}
+
+#[test]
+fn a_flush_done_in_its_callers_thread_holds_back_no_other_request() {
+    let (release, hold) = channel();
+    let dev = FlushHere::new(Some(hold));
+    let l = Arc::new(BlockLayer::new(dev.clone(), BlockConfig::default()).unwrap());
+    let flusher = {
+        let l = l.clone();
+        std::thread::spawn(move || {
+            context::set_foreground();
+            l.flush().unwrap();
+        })
+    };
+    wait_until("the flusher is in flush_here", || {
+        !dev.log.lock().is_empty()
+    });
+    // The flusher is no longer the dispatcher: another critical request
+    // reaches the device and completes while the flush is still going on
+    // (were the flusher still dispatching, it would wait behind the flush).
+    let (tx, rx) = channel();
+    {
+        let l = l.clone();
+        std::thread::spawn(move || {
+            context::set_foreground();
+            l.write(4096, page(5)).unwrap();
+            tx.send(l.read(4096, 4096).unwrap()).unwrap();
+        });
+    }
+    let read = rx
+        .recv_timeout(std::time::Duration::from_secs(10))
+        .expect("a request waited behind a flush done in its caller's thread");
+    assert_eq!(read.as_slice(), &[5; 4096]);
+    assert!(!flusher.is_finished());
+    release.send(()).unwrap();
+    flusher.join().unwrap();
+    assert_eq!(l.stats().class(Class::Critical).completions, 3);
 }

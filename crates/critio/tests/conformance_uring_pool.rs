@@ -123,6 +123,28 @@ fn uring_conforms_on_disk() {
 }
 
 #[test]
+fn uring_flushes_in_its_callers_thread_and_the_block_layer_uses_it() {
+    let path = TempPath::new(&disk_dir(), "uring-flush-here");
+    let Some(dev) = uring_or_skip(&path, UringOptions::default()) else {
+        return;
+    };
+    assert!(dev.flushes_here());
+    assert!(matches!(dev.flush_here(), Some(Ok(()))));
+    let dev = Arc::new(dev);
+    let l = critio::block::BlockLayer::new(dev.clone(), Default::default()).unwrap();
+    critio::context::set_foreground();
+    l.write(0, AlignedBuf::from_slice(&[9; 4096])).unwrap();
+    l.flush().unwrap();
+    assert_eq!(l.read(0, 4096).unwrap().as_slice(), &[9; 4096]);
+    let s = l.stats();
+    assert_eq!(
+        s.class(Class::Critical).completions,
+        3,
+        "write, flush, read"
+    );
+}
+
+#[test]
 fn uring_conforms_with_per_request_ioprio_off() {
     let path = TempPath::new(&disk_dir(), "uring-noprio");
     let options = UringOptions {

@@ -16,6 +16,12 @@
 //! another dispatcher leaves the work to it, which re-checks the core after
 //! each batch, so a device that completes inline cannot recurse.
 //!
+//! A flush that its submitter waits for, dispatched by that submitter, is
+//! done by it where the device can ([`Device::flush_here`]: `fdatasync` on
+//! a file, with no io_uring worker thread and no reaper wake-up between
+//! the caller and the kernel), after it has ended its turn as dispatcher,
+//! so no other request waits behind the flush.
+//!
 //! Per request the driver reads the clock twice (at submission and at
 //! completion: the device time needs both), takes the core lock once to
 //! submit and dispatch, once to complete, once to end the dispatcher's turn,
@@ -363,7 +369,9 @@ impl Inner {
             admitted
         };
         if admitted {
-            self.run_dispatch(batch, now);
+            // A flush its submitter waits for may be done by that thread.
+            let own = (sync && op == Op::Flush && self.device.flushes_here()).then_some(id);
+            self.run_dispatch_own(batch, now, own);
         } else {
             self.wait_admission(id);
             self.kick();
@@ -438,9 +446,23 @@ impl Inner {
     /// Sends `batch` to the device, then keeps dispatching until the core
     /// allows nothing more; ends the dispatcher's turn. `now` is the time the
     /// batch was taken; later batches take a fresh one.
-    fn run_dispatch(self: &Arc<Self>, mut batch: Batch, mut now: Nanos) {
+    fn run_dispatch(self: &Arc<Self>, batch: Batch, now: Nanos) {
+        self.run_dispatch_own(batch, now, None);
+    }
+
+    /// [`Inner::run_dispatch`], where `own` is a flush the calling thread
+    /// submitted and will wait for: if it is dispatched here, the device
+    /// does it in this thread ([`Device::flush_here`]) once this thread has
+    /// stopped dispatching (a dispatcher blocked in a flush would hold back
+    /// every other request).
+    fn run_dispatch_own(self: &Arc<Self>, mut batch: Batch, mut now: Nanos, own: Option<ReqId>) {
+        let mut mine = None;
         while !batch.is_empty() {
             for (id, cmd) in batch.drain() {
+                if Some(id) == own {
+                    mine = Some(cmd);
+                    continue;
+                }
                 let inner = self.clone();
                 self.device
                     .submit(cmd, Box::new(move |c| inner.on_complete(id, c)));
@@ -451,6 +473,22 @@ impl Inner {
                 now = self.clock.now();
             }
             self.take_batch(&mut core, now, &mut batch);
+        }
+        if let (Some(id), Some(cmd)) = (own, mine) {
+            match self.device.flush_here() {
+                Some(result) => self.on_complete(
+                    id,
+                    Completion {
+                        result,
+                        buf: cmd.buf,
+                    },
+                ),
+                None => {
+                    let inner = self.clone();
+                    self.device
+                        .submit(cmd, Box::new(move |c| inner.on_complete(id, c)));
+                }
+            }
         }
     }
 

@@ -190,6 +190,22 @@ pub trait Device: Send + Sync + 'static {
     /// Starts `cmd`; `done` is called exactly once with its outcome. Invalid
     /// commands complete at once with the error from [`validate`].
     fn submit(&self, cmd: Command, done: Completer);
+
+    /// Whether [`Device::flush_here`] flushes (default: no).
+    fn flushes_here(&self) -> bool {
+        false
+    }
+
+    /// A flush ([`Op::Flush`]) done by the calling thread, which blocks
+    /// until it ends, where the device can do that more cheaply than
+    /// through [`Device::submit`]. The block layer calls it only for a
+    /// flush the calling thread itself waits for, and only after it has
+    /// stopped dispatching, so no other request waits behind the call.
+    /// Devices that cannot return `None` (and then [`Device::flushes_here`]
+    /// is false).
+    fn flush_here(&self) -> Option<Result<(), DeviceError>> {
+        None
+    }
 }
 
 /// Why a command or a device failed.

@@ -32,6 +32,9 @@ pub(super) struct Shared {
     pub state: Mutex<State>,
     /// Signalled by the kernel on every CQE, and by [`Shared::wake`].
     pub eventfd: OwnedFd,
+    /// The file again, for flushes done by their caller
+    /// ([`crate::device::Device::flush_here`]).
+    pub flush_file: std::fs::File,
 }
 
 impl Shared {
