@@ -19,7 +19,7 @@
 //! A flush that its submitter waits for, dispatched by that submitter, is
 //! done by it where the device can ([`Device::flush_here`]: `fdatasync` on
 //! a file, with no io_uring worker thread and no reaper wake-up between
-//! the caller and the kernel), after it has ended its turn as dispatcher,
+//! the kernel and the caller), after it has ended its turn as dispatcher,
 //! so no other request waits behind the flush.
 //!
 //! Per request the driver reads the clock twice (at submission and at
