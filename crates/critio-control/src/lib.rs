@@ -603,14 +603,7 @@ impl Control {
     pub fn reap_boosters(&self, alive: impl Fn(i32) -> bool) -> Vec<i32> {
         let mut unboosted = Vec::new();
         for slot in &self.boosters {
-            let v = slot.load(Ordering::Acquire);
-            if v == 0 || alive((v >> 32) as u32 as i32) {
-                continue;
-            }
-            if slot
-                .compare_exchange(v, 0, Ordering::AcqRel, Ordering::Relaxed)
-                .is_ok()
-            {
+            if let Some(v) = take_if(slot, |v| !alive((v >> 32) as u32 as i32)) {
                 let tid = v as u32 as i32;
                 if self.remove_boost_waiter(tid) == 0 {
                     unboosted.push(tid);
@@ -630,24 +623,14 @@ impl Control {
     /// reaped within a second of its thread's death cannot reach a new
     /// one in practice. Returns how many records were cleared.
     pub fn reap_dead_records(&self, alive: impl Fn(i32) -> bool) -> usize {
-        let mut cleared = 0;
-        for slot in &self.waits {
-            let v = slot.load(Ordering::Acquire);
-            if v == 0 {
-                continue;
-            }
-            let (tid, owner) = ((v >> 32) as u32 as i32, v as u32 as i32);
-            if alive(tid) && alive(owner) {
-                continue;
-            }
-            // A thread that recorded a new wait meanwhile keeps it.
-            if slot
-                .compare_exchange(v, 0, Ordering::AcqRel, Ordering::Relaxed)
-                .is_ok()
-            {
-                cleared += 1;
-            }
-        }
+        // A thread that recorded a new wait meanwhile keeps it.
+        let cleared = (self.waits.iter())
+            .filter_map(|slot| {
+                take_if(slot, |v| {
+                    !(alive((v >> 32) as u32 as i32) && alive(v as u32 as i32))
+                })
+            })
+            .count();
         cleared + LastThread::reap(&self.pipe_writers, alive)
     }
 
@@ -709,6 +692,18 @@ pub fn quantile(h: &[u64; BUCKETS], q: f64) -> Option<u64> {
     Some(2u64 << (BUCKETS - 1))
 }
 
+/// Takes a record out of `slot` (leaves 0) if there is one and `gone`
+/// says so of it; a record replaced meanwhile is left alone.
+fn take_if(slot: &AtomicU64, gone: impl Fn(u64) -> bool) -> Option<u64> {
+    let v = slot.load(Ordering::Acquire);
+    (v != 0
+        && gone(v)
+        && slot
+            .compare_exchange(v, 0, Ordering::AcqRel, Ordering::Relaxed)
+            .is_ok())
+    .then_some(v)
+}
+
 /// The home slot of thread `tid` in a table of `slots` (open addressing
 /// or direct mapping by tid).
 pub fn tid_slot(tid: i32, slots: usize) -> usize {
@@ -753,20 +748,9 @@ impl LastThread {
     /// Clears the records of threads that `alive` says are gone; returns
     /// how many.
     pub fn reap(table: &[AtomicU64], alive: impl Fn(i32) -> bool) -> usize {
-        let mut cleared = 0;
-        for slot in table {
-            let v = slot.load(Ordering::Relaxed);
-            if v == 0 || alive((v & ((1 << Self::TID_BITS) - 1)) as i32) {
-                continue;
-            }
-            if slot
-                .compare_exchange(v, 0, Ordering::Relaxed, Ordering::Relaxed)
-                .is_ok()
-            {
-                cleared += 1;
-            }
-        }
-        cleared
+        (table.iter())
+            .filter_map(|slot| take_if(slot, |v| !alive((v & ((1 << Self::TID_BITS) - 1)) as i32)))
+            .count()
     }
 
     /// The last thread that acted on `key` (0: none recorded).
