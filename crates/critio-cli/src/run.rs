@@ -563,7 +563,9 @@ pub fn run(args: RunArgs) -> Result<ExitCode, String> {
                 reap_boosts(block.control());
                 if reaped_at.elapsed() >= REAP_EVERY {
                     reaped_at = Instant::now();
-                    block.control().reap_dead_records(thread_exists);
+                    block
+                        .control()
+                        .reap_dead_records(|tid| thread_state(tid).is_some());
                 }
                 for (flag, sig) in [(&forward, libc::SIGTERM), (&hup, libc::SIGHUP)] {
                     if flag.swap(false, Ordering::Relaxed) {
@@ -624,14 +626,9 @@ fn reap_boosts(c: &Control) {
 }
 
 /// How often the wait and pipe-writer records of dead threads are cleared
-/// (`Control::reap_dead_records`): each check is a `stat` per record.
+/// (`Control::reap_dead_records`; a thread exists while `/proc/TID` does,
+/// a zombie too, its tid not free yet): a read of its status per record.
 const REAP_EVERY: Duration = Duration::from_secs(1);
-
-/// Whether thread `tid` exists (a zombie does: its tid is not free yet).
-/// `/proc/TID` resolves for any thread's id, not only a process's.
-fn thread_exists(tid: i32) -> bool {
-    tid > 0 && std::fs::symlink_metadata(format!("/proc/{tid}")).is_ok()
-}
 
 /// What `/proc/TID/status` says of a thread.
 struct ThreadState {
@@ -841,7 +838,8 @@ mod tests {
     fn a_thread_that_ended_no_longer_exists() {
         // SAFETY: gettid has no preconditions.
         let me = unsafe { libc::gettid() };
-        assert!(thread_exists(me));
+        let exists = |tid: i32| thread_state(tid).is_some();
+        assert!(exists(me));
         // SAFETY: as above.
         let t = std::thread::spawn(|| unsafe { libc::gettid() });
         let tid = t.join().unwrap();
@@ -849,10 +847,10 @@ mod tests {
         // A joined thread's tid is released once its exit completes.
         let gone = (0..200).any(|_| {
             std::thread::sleep(Duration::from_millis(5));
-            !thread_exists(tid)
+            !exists(tid)
         });
         assert!(gone, "thread {tid} still exists after it was joined");
-        assert!(!thread_exists(0) && !thread_exists(-1));
+        assert!(!exists(0) && !exists(-1));
     }
 
     #[test]
