@@ -461,11 +461,9 @@ impl Inner {
             for (id, cmd) in batch.drain() {
                 if Some(id) == own {
                     mine = Some(cmd);
-                    continue;
+                } else {
+                    self.send(id, cmd);
                 }
-                let inner = self.clone();
-                self.device
-                    .submit(cmd, Box::new(move |c| inner.on_complete(id, c)));
             }
             let mut core = self.core.lock();
             core.dispatching = false;
@@ -483,13 +481,16 @@ impl Inner {
                         buf: cmd.buf,
                     },
                 ),
-                None => {
-                    let inner = self.clone();
-                    self.device
-                        .submit(cmd, Box::new(move |c| inner.on_complete(id, c)));
-                }
+                None => self.send(id, cmd),
             }
         }
+    }
+
+    /// Hands request `id` to the device.
+    fn send(self: &Arc<Self>, id: ReqId, cmd: Command) {
+        let inner = self.clone();
+        self.device
+            .submit(cmd, Box::new(move |c| inner.on_complete(id, c)));
     }
 
     fn on_complete(self: &Arc<Self>, id: ReqId, c: Completion) {
