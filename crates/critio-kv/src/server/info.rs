@@ -361,6 +361,12 @@ fn block(s: &Shared, out: &mut String) {
         st.pacing_mib_s
             .map_or("off".to_owned(), |r| format!("{r:.1}")),
     );
+    kv(
+        out,
+        "block_background_own_mib_s",
+        st.background_own_mib_s
+            .map_or("unknown".to_owned(), |r| format!("{r:.1}")),
+    );
 }
 
 fn cache(s: &Shared, out: &mut String) {

@@ -329,6 +329,15 @@ fn block(out: &mut Out, b: &Backend) -> fmt::Result {
             mib_s * f64::from(1u32 << 20),
         )?;
     }
+    if let Some(mib_s) = st.background_own_mib_s {
+        out.gauge(
+            "block_background_own_bytes_per_second",
+            "The background's own write throughput (per second pacing does not hold it); \
+             pacing keeps min_share of it.",
+            None,
+            mib_s * f64::from(1u32 << 20),
+        )?;
+    }
     Ok(())
 }
 

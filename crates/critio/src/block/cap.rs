@@ -15,6 +15,8 @@
 //!       the device settle, and re-measure the baseline
 //!   no critical traffic for idle_grace: cap grows to max, pacing ends (nobody
 //!       to protect); when critical traffic returns, the cap restarts at 1
+//!   the rate never falls below min_share (half) of background's own
+//!       throughput: its bytes per second of the time pacing did not hold it
 //! ```
 //!
 //! Why a rate: one background request at a time can still write hundreds of
@@ -26,7 +28,14 @@
 //! one. So a critical request counts as "clean" only when no background
 //! request completed in the last `settle_ms` either, and the rate is halved
 //! while clean latency cannot be kept. The rate never falls below
-//! `min_rate_mib_s`, and the block layer's starvation timer sends a
+//! `min_rate_mib_s`, nor below `min_share` of the background's own
+//! throughput (DESIGN §8: the background keeps at least half of what it
+//! would write alone; on a host-cached disk that costs critical flushes
+//! part of what pacing won, and is the price of progress). Its own
+//! throughput is measured, not assumed: the bytes it writes per second
+//! of the time pacing does not hold it, so a background always ready to
+//! write, held most of the time, still shows its unpaced speed (at the
+//! current cap). The block layer's starvation timer also sends a
 //! background request every period whatever the pacing says: background
 //! work always progresses. A probe alone holds it longer, and bounded: at
 //! most `probe_max_ms` once per `probe_every_ms` (a probe ends as soon as
@@ -92,6 +101,11 @@ pub struct AutoCapConfig {
     pub settle_ms: u64,
     /// The lowest background rate pacing may set, in MiB/s. Default 8.
     pub min_rate_mib_s: u64,
+    /// Nor below this share of the background's own throughput: what it
+    /// writes per second of the time pacing does not hold it (DESIGN §8:
+    /// background keeps at least half of its own throughput). 0 turns
+    /// this floor off. Default 0.5.
+    pub min_share: f64,
 }
 
 impl Default for AutoCapConfig {
@@ -105,6 +119,7 @@ impl Default for AutoCapConfig {
             idle_grace_ms: 100,
             settle_ms: 20,
             min_rate_mib_s: 8,
+            min_share: 0.5,
         }
     }
 }
@@ -113,6 +128,11 @@ impl Default for AutoCapConfig {
 const PROBE_SAMPLES: u32 = 4;
 /// Weight of a new clean sample in the baseline.
 const CLEAN_ALPHA: f64 = 0.2;
+/// The span over which one sample of the background's own throughput is
+/// taken (shorter spans see single requests, not a rate).
+const OWN_SPAN: Nanos = 200 * MS;
+/// Weight of a new sample of the background's own throughput.
+const OWN_ALPHA: f64 = 0.3;
 
 /// The live state of a cap.
 #[derive(Clone, Debug)]
@@ -194,6 +214,24 @@ impl CapState {
     pub(crate) fn on_noncritical_dispatch(&mut self, bytes: u64, now: Nanos) {
         if let CapState::Auto(a) = self {
             a.pace.take(bytes, now);
+            a.own.held(false, now);
+        }
+    }
+
+    /// Whether pacing (not the cap, not a probe) is what holds the
+    /// non-critical queue now: the time it does is left out of the
+    /// background's own throughput.
+    pub(crate) fn note_pace_hold(&mut self, held: bool, now: Nanos) {
+        if let CapState::Auto(a) = self {
+            a.own.held(held, now);
+        }
+    }
+
+    /// The background's own throughput as last estimated, in bytes/s.
+    pub(crate) fn own_rate(&self) -> Option<f64> {
+        match self {
+            CapState::Auto(a) => a.own.rate,
+            CapState::Fixed(_) => None,
         }
     }
 
@@ -288,11 +326,69 @@ impl Pace {
     }
 }
 
+/// The background's own throughput: the bytes it writes per second of the
+/// time pacing does not hold it. Held by pacing at a rate `r`, a
+/// background that is always ready to write spends most of its time
+/// held, so its bytes over the rest of the time are what it would write
+/// unpaced (at the current cap); a background with little to write has
+/// idle time in the rest, which makes the estimate lower, never higher.
+#[derive(Clone, Debug, Default)]
+struct OwnRate {
+    /// Smoothed estimate, bytes/s (None until the first span ends).
+    rate: Option<f64>,
+    held_since: Option<Nanos>,
+    span_start: Nanos,
+    held_ns: Nanos,
+    bytes: u64,
+}
+
+impl OwnRate {
+    /// Pacing holds the background (`true`) or not, from `now` on.
+    fn held(&mut self, held: bool, now: Nanos) {
+        match (held, self.held_since) {
+            (true, None) => self.held_since = Some(now),
+            (false, Some(t)) => {
+                self.held_ns += now.saturating_sub(t);
+                self.held_since = None;
+            }
+            _ => {}
+        }
+    }
+
+    /// `bytes` of background writes completed at `now`; ends the span (a
+    /// sample) once it is `OWN_SPAN` long.
+    fn completed(&mut self, bytes: u64, now: Nanos) {
+        self.bytes += bytes;
+        let span = now.saturating_sub(self.span_start);
+        if span < OWN_SPAN {
+            return;
+        }
+        if let Some(t) = self.held_since {
+            self.held_ns += now.saturating_sub(t);
+            self.held_since = Some(now);
+        }
+        // At least a millisecond free: a span held throughout says
+        // nothing about the rate (one request, then tokens awaited).
+        let free = span.saturating_sub(self.held_ns);
+        if self.bytes > 0 && free >= MS {
+            let sample = self.bytes as f64 / (free as f64 / 1e9);
+            self.rate = Some(match self.rate {
+                None => sample,
+                Some(r) => r + OWN_ALPHA * (sample - r),
+            });
+        }
+        self.span_start = now;
+        self.held_ns = 0;
+        self.bytes = 0;
+    }
+}
+
 #[derive(Clone, Debug)]
 pub(crate) struct AutoCap {
     cfg: AutoCapConfig,
     cap: u32,
     pace: Pace,
+    own: OwnRate,
     /// Non-critical bytes completed since `nc_since` (the throughput the
     /// first pacing rate starts from), and critical bytes written.
     nc_bytes: u64,
@@ -321,6 +417,7 @@ impl AutoCap {
             cfg,
             cap: 1,
             pace: Pace::default(),
+            own: OwnRate::default(),
             nc_bytes: 0,
             crit_written: 0,
             nc_since: 0,
@@ -414,15 +511,19 @@ impl AutoCap {
         rate
     }
 
-    /// The lowest rate pacing sets: `min_rate_mib_s`, and at least twice
-    /// the rate at which critical requests write. What requests write
-    /// (a log's records) is mostly written again in the background (the
-    /// data those records describe, by writeback and checkpoints); paced
-    /// below that rate, the background falls behind until the requests
-    /// wait for it (a full log, dirty limits), through inheritance but
-    /// late.
+    /// The lowest rate pacing sets: `min_rate_mib_s`; `min_share` of the
+    /// background's own throughput (its progress: DESIGN §8 asks for half);
+    /// and at least twice the rate at which critical requests write. What
+    /// requests write (a log's records) is mostly written again in the
+    /// background (the data those records describe, by writeback and
+    /// checkpoints); paced below that rate, the background falls behind
+    /// until the requests wait for it (a full log, dirty limits), through
+    /// inheritance but late.
     fn min_rate(&self) -> f64 {
-        ((self.cfg.min_rate_mib_s << 20) as f64).max(self.crit_floor)
+        let own = self.own.rate.unwrap_or(0.0) * self.cfg.min_share;
+        ((self.cfg.min_rate_mib_s << 20) as f64)
+            .max(self.crit_floor)
+            .max(own)
     }
 
     /// Critical latency stays near the baseline: more background.
@@ -431,7 +532,7 @@ impl AutoCap {
         match self.pace.rate {
             // Unpaced once the rate is well above what background uses.
             Some(r) if r * 1.25 > 4.0 * seen.max(self.min_rate()) => self.pace.set(None, now),
-            Some(r) => self.pace.set(Some(r * 1.25), now),
+            Some(r) => self.pace.set(Some((r * 1.25).max(self.min_rate())), now),
             None => self.cap = (self.cap + 1).min(self.cfg.max),
         }
     }
@@ -485,6 +586,7 @@ impl AutoCap {
     /// write cache, so the critical samples after it may still be clean).
     fn on_noncritical_complete(&mut self, bytes: u64, now: Nanos) {
         self.nc_bytes += bytes;
+        self.own.completed(bytes, now);
         if bytes > 0 {
             self.last_nc_complete = Some(now);
         }
@@ -507,16 +609,49 @@ mod tests {
         CapState::new(NoncriticalCap::Auto(AutoCapConfig::default()))
     }
 
+    /// An adaptive cap whose floor is the configured rates alone (the
+    /// tests that feed completions without holding anything by pacing).
+    fn auto_no_share() -> CapState {
+        CapState::new(NoncriticalCap::Auto(AutoCapConfig {
+            min_share: 0.0,
+            ..AutoCapConfig::default()
+        }))
+    }
+
     /// An adaptive cap with a clean baseline of 1 ms from four critical
     /// completions, and the time after them.
     fn baselined() -> (CapState, Nanos) {
-        let mut c = auto();
+        let mut c = auto_no_share();
         let mut now = 0;
         for _ in 0..4 {
             now += MS;
             c.on_critical_complete(MS, 0, 0, now);
         }
         (c, now)
+    }
+
+    /// Held by pacing 8 ms of every 10 and writing 1 MiB in the other 2:
+    /// 100 MiB/s over the wall clock, 500 MiB/s of its own.
+    #[test]
+    fn own_throughput_leaves_out_the_time_pacing_holds_the_background() {
+        let mut o = OwnRate::default();
+        let mut now = 0;
+        for _ in 0..60 {
+            o.held(true, now);
+            now += 8 * MS;
+            o.held(false, now);
+            now += 2 * MS;
+            o.completed(1 << 20, now);
+        }
+        let mib = o.rate.expect("estimated") / f64::from(1 << 20);
+        assert!((450.0..=550.0).contains(&mib), "{mib}");
+        // Nothing held: the wall-clock rate, converging from above.
+        for _ in 0..400 {
+            now += 10 * MS;
+            o.completed(1 << 20, now);
+        }
+        let mib = o.rate.expect("estimated") / f64::from(1 << 20);
+        assert!((95.0..=110.0).contains(&mib), "{mib}");
     }
 
     #[test]

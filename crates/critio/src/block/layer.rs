@@ -278,6 +278,7 @@ impl BlockLayer {
             sched.noncritical_cap(),
             sched.cap_view(),
             sched.pacing_rate(),
+            sched.background_own_rate(),
         )
     }
 

@@ -182,11 +182,16 @@ impl BlockConfig {
             ));
         }
         if let NoncriticalCap::Auto(a) = self.noncritical_cap {
-            if a.max == 0 || a.window == 0 || a.target_ratio.is_nan() || a.target_ratio < 1.0 {
+            if a.max == 0
+                || a.window == 0
+                || a.target_ratio.is_nan()
+                || a.target_ratio < 1.0
+                || !(0.0..=1.0).contains(&a.min_share)
+            {
                 return Err(invalid(
                     "block.noncritical_cap.auto",
                     format!("{a:?}"),
-                    "needs max >= 1, window >= 1 and target_ratio >= 1.0",
+                    "needs max >= 1, window >= 1, target_ratio >= 1.0 and min_share within 0..=1",
                 ));
             }
         }

@@ -500,13 +500,18 @@ impl<P> Scheduler<P> {
         let tokens = self.cfg.tokens.enabled();
         let mut first_ready = None;
         let mut held = false;
+        let mut paced = false;
         for lane in 0..LANES {
             let Some(&(id, _)) = self.queues[lane].front() else {
                 continue;
             };
             if lane != CRIT {
                 let bytes = self.reqs.get(&id).map_or(0, |e| paced_bytes(&e.info));
-                if !(nc_room && self.cap.paced_ok(bytes, now)) {
+                if !nc_room {
+                    continue;
+                }
+                if !self.cap.paced_ok(bytes, now) {
+                    paced = true;
                     continue;
                 }
                 if self.held(lane, now) {
@@ -519,6 +524,9 @@ impl<P> Scheduler<P> {
             }
             first_ready.get_or_insert(lane);
         }
+        // Every lane was looked at: whether pacing is what holds the
+        // background from here on (its own throughput leaves that time out).
+        self.cap.note_pace_hold(paced, now);
         if let Some(lane) = first_ready {
             // Every lane that could go has used its budget: a new round.
             self.tokens_left = self.cfg.tokens.0;
@@ -812,6 +820,12 @@ impl<P> Scheduler<P> {
     /// (None: unpaced).
     pub fn pacing_rate(&self) -> Option<f64> {
         self.cap.rate()
+    }
+
+    /// The background's own write throughput as the adaptive cap last
+    /// estimated it, in bytes/s (None: no estimate, or a fixed cap).
+    pub fn background_own_rate(&self) -> Option<f64> {
+        self.cap.own_rate()
     }
 
     /// The core's counters.

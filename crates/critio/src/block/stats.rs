@@ -87,6 +87,7 @@ impl StatsAcc {
         noncritical_cap: u32,
         cap_view: (Option<f64>, Option<f64>),
         pacing: Option<f64>,
+        own: Option<f64>,
     ) -> BlockStats {
         let mut class = |cl: Class| {
             let c = &mut self.classes[cl.index()];
@@ -106,6 +107,7 @@ impl StatsAcc {
             auto_clean_us: cap_view.0.map(|ns| ns / 1000.0),
             auto_mixed_us: cap_view.1.map(|ns| ns / 1000.0),
             pacing_mib_s: pacing.map(|b| b / f64::from(1 << 20)),
+            background_own_mib_s: own.map(|b| b / f64::from(1 << 20)),
         }
     }
 
@@ -170,6 +172,10 @@ pub struct BlockStats {
     /// The background rate the adaptive cap's pacing allows now, MiB/s
     /// (None: unpaced).
     pub pacing_mib_s: Option<f64>,
+    /// The background's own write throughput as the adaptive cap last
+    /// estimated it (what it writes per second pacing does not hold it),
+    /// MiB/s; pacing keeps `min_share` of it.
+    pub background_own_mib_s: Option<f64>,
 }
 
 impl BlockStats {
