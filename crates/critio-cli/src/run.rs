@@ -13,6 +13,8 @@
 //!      mean foreground fsync latency of the window (from the block)
 //!      above target_ratio x its clean baseline  -> background rate halved (not below min_rate)
 //!      else                                     -> rate raised by step (up to max_rate)
+//!      never below min_share (half) of the background's own throughput: its bytes per
+//!      second of the time its writers spent outside pacing waits
 //!      boosts whose waiter died ended; every second, wait and pipe-writer records of
 //!      dead threads cleared (a reused tid must not inherit them)
 //!  at exit (or on SIGUSR1): --stats prints the per-class latency histograms and the
@@ -183,6 +185,11 @@ pub struct RunConfig {
     pub start_rate_mib: f64,
     /// It never paces below this (background progress), MiB/s. Default 8.
     pub min_rate_mib: f64,
+    /// Nor below this share of the background's own throughput (what its
+    /// writers write per second they are not waiting for the pace; DESIGN
+    /// §8: background keeps at least half of it). 0 turns this floor off.
+    /// Default 0.5.
+    pub min_share: f64,
     /// Nor above this, MiB/s (beyond it writes go unpaced). Default 1024.
     pub max_rate_mib: f64,
     /// Added per window while the foreground's latency is near its
@@ -216,6 +223,7 @@ impl Default for RunConfig {
             chunk_kib: 1024,
             start_rate_mib: 64.0,
             min_rate_mib: 8.0,
+            min_share: 0.5,
             max_rate_mib: 1024.0,
             step_mib: 8.0,
             window_ms: 100,
@@ -243,6 +251,12 @@ impl RunConfig {
         }
         if self.target_ratio.is_nan() || self.target_ratio < 1.0 || self.step_mib < 0.0 {
             return Err("target_ratio must be >= 1.0 and step_mib >= 0".into());
+        }
+        if !(0.0..=1.0).contains(&self.min_share) {
+            return Err(format!(
+                "min_share = {} must be within 0..=1",
+                self.min_share
+            ));
         }
         if let Some(p) = &self.background_ioprio {
             parse_background_ioprio(p)?;
@@ -665,6 +679,10 @@ struct Controller {
     windows: u64,
     rate_min_seen: f64,
     rate_sum: f64,
+    /// The background's own throughput, bytes/s (smoothed over windows).
+    own: Option<f64>,
+    /// `own_bytes` and `own_ns` as last used.
+    own_seen: (u64, u64),
     started: Instant,
 }
 
@@ -678,6 +696,8 @@ impl Controller {
             windows: 0,
             rate_min_seen: rate,
             rate_sum: 0.0,
+            own: None,
+            own_seen: (0, 0),
             started: Instant::now(),
         }
     }
@@ -698,6 +718,7 @@ impl Controller {
             self.baseline = Some(base);
             mean > self.cfg.target_ratio * base
         };
+        let floor = self.own_rate(c) * self.cfg.min_share;
         if over {
             self.rate = (self.rate / 2.0).max(min);
             c.rate_cuts.fetch_add(1, Ordering::Relaxed);
@@ -705,6 +726,7 @@ impl Controller {
             self.rate = (self.rate + step).min(max);
             c.rate_raises.fetch_add(1, Ordering::Relaxed);
         }
+        self.rate = self.rate.max(floor.min(max));
         let paced = if self.rate >= max {
             0
         } else {
@@ -714,6 +736,25 @@ impl Controller {
         self.windows += 1;
         self.rate_min_seen = self.rate_min_seen.min(self.rate);
         self.rate_sum += self.rate;
+    }
+}
+
+impl Controller {
+    /// The background's own throughput in bytes/s, updated from what its
+    /// writers published since the last window (0 before any).
+    fn own_rate(&mut self, c: &Control) -> f64 {
+        let now = (
+            c.own_bytes.load(Ordering::Relaxed),
+            c.own_ns.load(Ordering::Relaxed),
+        );
+        let (bytes, ns) = (now.0 - self.own_seen.0, now.1 - self.own_seen.1);
+        // Fewer than 10 ms of writing says little: wait for more.
+        if ns >= 10_000_000 {
+            let sample = bytes as f64 / (ns as f64 / 1e9);
+            self.own = Some(self.own.map_or(sample, |r| r + 0.3 * (sample - r)));
+            self.own_seen = now;
+        }
+        self.own.unwrap_or(0.0)
     }
 }
 
@@ -750,13 +791,16 @@ fn print_stats(c: &Control, ctl: &Controller) {
     let get = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
     eprintln!(
         "critio run: pacing: {} appended chunks, {:.1} MiB handed to writeback ({:.1} s waiting for it), \
-         {:.1} s waiting for the pace, {:.1} MiB dropped from the page cache; {} chunks written in place \
+         {:.1} s waiting for the pace, {:.1} MiB dropped from the page cache, {:.1} MiB written at {:.0} MiB/s \
+         outside pacing waits; {} chunks written in place \
          started on their way ({:.1} MiB, never waited for); {} lock owners boosted (or children waited for)",
         get(&c.paced_chunks),
         get(&c.paced_bytes) as f64 / MIB,
         get(&c.writeback_wait_ns) as f64 / 1e9,
         get(&c.pace_wait_ns) as f64 / 1e9,
         get(&c.dropped_bytes) as f64 / MIB,
+        get(&c.own_bytes) as f64 / MIB,
+        get(&c.own_bytes) as f64 / MIB / (get(&c.own_ns).max(1) as f64 / 1e9),
         get(&c.kicked_chunks),
         get(&c.kicked_bytes) as f64 / MIB,
         get(&c.boosts),
@@ -768,7 +812,7 @@ fn print_stats(c: &Control, ctl: &Controller) {
     };
     eprintln!(
         "critio run: controller: {} windows in {:.1} s, {} cuts, {} raises; rate now {:.0} MiB/s, \
-         mean {:.0}, lowest {:.0}; foreground fsync baseline {}",
+         mean {:.0}, lowest {:.0}; background's own throughput {}; foreground fsync baseline {}",
         ctl.windows,
         ctl.started.elapsed().as_secs_f64(),
         get(&c.rate_cuts),
@@ -776,6 +820,8 @@ fn print_stats(c: &Control, ctl: &Controller) {
         ctl.rate / MIB,
         mean,
         ctl.rate_min_seen / MIB,
+        ctl.own
+            .map_or("not measured".into(), |r| format!("{:.0} MiB/s", r / MIB)),
         ctl.baseline
             .map_or("not measured".into(), |b| format!("{} ms", ms(b as u64))),
     );
@@ -851,6 +897,36 @@ mod tests {
         });
         assert!(gone, "thread {tid} still exists after it was joined");
         assert!(!exists(0) && !exists(-1));
+    }
+
+    /// Every window's foreground fsyncs are 4x the first window's, so the
+    /// controller cuts every time; the background's writers report 200
+    /// MiB/s of their own. The rate stops at half of that, not at
+    /// min_rate, and with min_share 0 it falls to min_rate.
+    #[test]
+    fn the_pace_keeps_half_of_the_backgrounds_own_throughput() {
+        let run = |min_share: f64| {
+            let cfg = RunConfig {
+                min_share,
+                ..RunConfig::default()
+            };
+            let block = Block::create(&[], 1 << 20, 0, IoPriority::Idle).unwrap();
+            let c = block.control();
+            let mut ctl = Controller::new(&cfg);
+            for i in 0..40u64 {
+                let fsync_ns = if i == 0 { 1_000_000 } else { 4_000_000 };
+                c.fg_sync_ns.store(fsync_ns, Ordering::Relaxed);
+                c.fg_sync_count.store(1, Ordering::Relaxed);
+                // 20 MiB in 100 ms outside pacing waits: 200 MiB/s.
+                c.own_bytes.fetch_add(20 << 20, Ordering::Relaxed);
+                c.own_ns.fetch_add(100_000_000, Ordering::Relaxed);
+                ctl.window(c);
+            }
+            c.rate_bytes_per_sec.load(Ordering::Relaxed) as f64 / MIB
+        };
+        let kept = run(0.5);
+        assert!((99.0..=101.0).contains(&kept), "half of 200: {kept}");
+        assert_eq!(run(0.0), 8.0, "share off: min_rate");
     }
 
     #[test]

@@ -32,7 +32,7 @@ use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering};
 /// "critioRN": a mapped block starts with it.
 pub const MAGIC: u64 = 0x4e52_6f69_7469_7263;
 /// The layout's version.
-pub const VERSION: u32 = 6;
+pub const VERSION: u32 = 7;
 /// The kernel's idle I/O class (`ionice -c3`): served only when no other
 /// class has I/O pending.
 pub const IOPRIO_IDLE: u16 = 3 << 13;
@@ -373,6 +373,13 @@ pub struct Control {
     pub pace_wait_ns: AtomicU64,
     /// Time they waited for their chunks' writeback.
     pub writeback_wait_ns: AtomicU64,
+    /// Bytes of appended chunks and the time their writers took for them
+    /// outside pacing waits (from the end of one chunk's pacing wait to
+    /// the next chunk; a descriptor's first chunk is not counted): the
+    /// background's own throughput, the floor of its pace.
+    pub own_bytes: AtomicU64,
+    /// See `own_bytes`.
+    pub own_ns: AtomicU64,
     /// Bytes of written data dropped from the page cache.
     pub dropped_bytes: AtomicU64,
     /// Chunks written in place, only started on their way to the device

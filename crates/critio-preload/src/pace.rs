@@ -59,6 +59,9 @@ struct FdState {
     /// (`lo >= hi`: none).
     started_lo: AtomicU64,
     started_hi: AtomicU64,
+    /// When this descriptor's writer last came out of a pacing wait
+    /// (0: not yet): the time since, up to its next chunk, is its own.
+    resumed: AtomicU64,
 }
 
 #[allow(clippy::declare_interior_mutable_const)]
@@ -70,6 +73,7 @@ const FD_INIT: FdState = FdState {
     hi: AtomicU64::new(0),
     started_lo: AtomicU64::new(u64::MAX),
     started_hi: AtomicU64::new(0),
+    resumed: AtomicU64::new(0),
 };
 
 static STATE: [FdState; FDS] = [FD_INIT; FDS];
@@ -145,6 +149,7 @@ pub fn closed(fd: libc::c_int) {
         s.hi.store(0, Ordering::Relaxed);
         s.started_lo.store(u64::MAX, Ordering::Relaxed);
         s.started_hi.store(0, Ordering::Relaxed);
+        s.resumed.store(0, Ordering::Relaxed);
     }
 }
 
@@ -229,7 +234,9 @@ pub fn hand_off(fd: libc::c_int, c: &Control) {
         }
         return;
     }
+    own_time(s, bytes, c);
     wait_turn(bytes, c);
+    s.resumed.store(now_ns(), Ordering::Relaxed);
     if !start_writeback(fd, off, len) {
         return;
     }
@@ -241,6 +248,22 @@ pub fn hand_off(fd: libc::c_int, c: &Control) {
     );
     if before_lo < before_hi {
         finish(fd, before_lo, before_hi - before_lo, c);
+    }
+}
+
+/// The longest time between two chunks of one writer that counts as its
+/// own (a writer idle longer has no data, it is not slow).
+const OWN_GAP_MAX_NS: u64 = 2_000_000_000;
+
+/// Counts the time `s`'s writer took for a chunk of `bytes` outside
+/// pacing waits: producing it, and waiting for the chunk before it to be
+/// written back. Bytes over that time are what it would write unpaced.
+fn own_time(s: &FdState, bytes: u64, c: &Control) {
+    let resumed = s.resumed.load(Ordering::Relaxed);
+    let took = now_ns().saturating_sub(resumed);
+    if resumed != 0 && took < OWN_GAP_MAX_NS {
+        c.own_bytes.fetch_add(bytes, Ordering::Relaxed);
+        c.own_ns.fetch_add(took, Ordering::Relaxed);
     }
 }
 
