@@ -406,3 +406,120 @@ fn a_flush_done_in_its_callers_thread_holds_back_no_other_request() {
     flusher.join().unwrap();
     assert_eq!(l.stats().class(Class::Critical).completions, 3);
 }
+
+/// A mem device that can also do reads and writes in its caller's thread
+/// (or, with `refuse`, hands every one back), and logs which way each
+/// command went.
+struct SubmitHere {
+    mem: MemDevice,
+    refuse: bool,
+    log: parking_lot::Mutex<Vec<(std::thread::ThreadId, Op, &'static str)>>,
+}
+
+impl SubmitHere {
+    fn new(refuse: bool) -> Arc<Self> {
+        Arc::new(Self {
+            mem: MemDevice::new(1 << 20),
+            refuse,
+            log: parking_lot::Mutex::new(Vec::new()),
+        })
+    }
+
+    fn took(&self) -> Vec<(Op, &'static str)> {
+        self.log
+            .lock()
+            .iter()
+            .map(|&(_, op, how)| (op, how))
+            .collect()
+    }
+}
+
+impl Device for SubmitHere {
+    fn info(&self) -> &critio::device::DeviceInfo {
+        self.mem.info()
+    }
+
+    fn submit(&self, cmd: critio::device::Command, done: critio::device::Completer) {
+        let me = std::thread::current().id();
+        self.log.lock().push((me, cmd.op, "submit"));
+        self.mem.submit(cmd, done)
+    }
+
+    fn submits_here(&self) -> bool {
+        true
+    }
+
+    fn submit_here(
+        &self,
+        cmd: critio::device::Command,
+    ) -> Result<critio::device::Completion, critio::device::Command> {
+        if self.refuse {
+            return Err(cmd);
+        }
+        let me = std::thread::current().id();
+        self.log.lock().push((me, cmd.op, "here"));
+        Ok(critio::device::submit_and_wait(&self.mem, cmd))
+    }
+}
+
+/// Under rcp a critical thread's reads and writes are done in its own
+/// thread; a non-critical thread's sync read stays promotable, so it goes
+/// through submit, and so does an async write; under none (no
+/// inheritance) the non-critical thread's read is done in its thread too.
+#[test]
+fn a_read_or_write_its_caller_waits_for_is_done_in_its_thread_once_nobody_can_promote_it() {
+    let dev = SubmitHere::new(false);
+    let l = BlockLayer::new(dev.clone(), BlockConfig::default()).unwrap();
+    let me = std::thread::current().id();
+    context::set_foreground();
+    l.write(0, page(7)).unwrap();
+    assert_eq!(l.read(0, 4096).unwrap().as_slice(), &[7; 4096]);
+    assert_eq!(
+        *dev.log.lock(),
+        vec![(me, Op::Write, "here"), (me, Op::Read, "here")]
+    );
+    l.write_async(4096, page(8)).unwrap().wait().unwrap();
+    assert_eq!(dev.took().last(), Some(&(Op::Write, "submit")), "async");
+    let background_read = |l: Arc<BlockLayer>| {
+        std::thread::spawn(move || {
+            context::set_background();
+            assert_eq!(l.read(4096, 4096).unwrap().as_slice(), &[8; 4096]);
+        })
+        .join()
+        .unwrap()
+    };
+    let l = Arc::new(l);
+    background_read(l.clone());
+    assert_eq!(dev.took().last(), Some(&(Op::Read, "submit")), "rcp");
+    let none = Arc::new(
+        BlockLayer::new(
+            dev.clone(),
+            BlockConfig {
+                scheme: BlockScheme::None,
+                ..BlockConfig::default()
+            },
+        )
+        .unwrap(),
+    );
+    background_read(none);
+    assert_eq!(dev.took().last(), Some(&(Op::Read, "here")), "none");
+    let s = l.stats();
+    assert_eq!(s.class(Class::Critical).completions, 2);
+    assert_eq!(s.class(Class::NonCritical).completions, 2);
+}
+
+/// A device that cannot do a command in its caller's thread now hands it
+/// back, and the block layer submits it as usual.
+#[test]
+fn a_request_the_device_hands_back_goes_through_submit() {
+    let dev = SubmitHere::new(true);
+    let l = BlockLayer::new(dev.clone(), BlockConfig::default()).unwrap();
+    context::set_foreground();
+    l.write(0, page(9)).unwrap();
+    assert_eq!(l.read(0, 4096).unwrap().as_slice(), &[9; 4096]);
+    assert_eq!(
+        dev.took(),
+        vec![(Op::Write, "submit"), (Op::Read, "submit")]
+    );
+    assert_eq!(l.stats().class(Class::Critical).completions, 2);
+}

@@ -16,11 +16,14 @@
 //! another dispatcher leaves the work to it, which re-checks the core after
 //! each batch, so a device that completes inline cannot recurse.
 //!
-//! A flush that its submitter waits for, dispatched by that submitter, is
+//! A request that its submitter waits for, dispatched by that submitter, is
 //! done by it where the device can ([`Device::flush_here`]: `fdatasync` on
 //! a file, with no io_uring worker thread and no reaper wake-up between
-//! the kernel and the caller), after it has ended its turn as dispatcher,
-//! so no other request waits behind the flush.
+//! the kernel and the caller; [`Device::submit_here`]: a read or write on
+//! the caller's own ring, the kernel waking the caller itself), after it
+//! has ended its turn as dispatcher, so no other request waits behind it.
+//! A read or write goes this way only once no one can promote it (it is
+//! critical, or the scheme has no inheritance).
 //!
 //! Per request the driver reads the clock twice (at submission and at
 //! completion: the device time needs both), takes the core lock once to
@@ -370,9 +373,12 @@ impl Inner {
             admitted
         };
         if admitted {
-            // A flush its submitter waits for may be done by that thread.
-            let own = (sync && op == Op::Flush && self.device.flushes_here()).then_some(id);
-            self.run_dispatch_own(batch, now, own);
+            // A request its submitter waits for may be done by that thread.
+            let here = match op {
+                Op::Flush => self.device.flushes_here(),
+                Op::Read | Op::Write => self.device.submits_here(),
+            };
+            self.run_dispatch_own(batch, now, (sync && here).then_some(id));
         } else {
             self.wait_admission(id);
             self.kick();
@@ -451,16 +457,21 @@ impl Inner {
         self.run_dispatch_own(batch, now, None);
     }
 
-    /// [`Inner::run_dispatch`], where `own` is a flush the calling thread
-    /// submitted and will wait for: if it is dispatched here, the device
-    /// does it in this thread ([`Device::flush_here`]) once this thread has
-    /// stopped dispatching (a dispatcher blocked in a flush would hold back
-    /// every other request).
+    /// [`Inner::run_dispatch`], where `own` is a request the calling
+    /// thread submitted and will wait for: if it is dispatched here, the
+    /// device does it in this thread ([`Device::flush_here`],
+    /// [`Device::submit_here`]) once this thread has stopped dispatching (a
+    /// dispatcher blocked in its own I/O would hold back every other
+    /// request). A read or write goes this way only if no one can promote
+    /// it any more (it is critical, or the scheme has no inheritance): a
+    /// thread blocked inside the device is not in a wait a critical task's
+    /// chain walk can find.
     fn run_dispatch_own(self: &Arc<Self>, mut batch: Batch, mut now: Nanos, own: Option<ReqId>) {
+        let final_class = |c: Class| c == Class::Critical || !self.cfg.scheme.inheritance();
         let mut mine = None;
         while !batch.is_empty() {
             for (id, cmd) in batch.drain() {
-                if Some(id) == own {
+                if Some(id) == own && (cmd.op == Op::Flush || final_class(cmd.class)) {
                     mine = Some(cmd);
                 } else {
                     self.send(id, cmd);
@@ -473,7 +484,10 @@ impl Inner {
             }
             self.take_batch(&mut core, now, &mut batch);
         }
-        if let (Some(id), Some(cmd)) = (own, mine) {
+        let (Some(id), Some(cmd)) = (own, mine) else {
+            return;
+        };
+        if cmd.op == Op::Flush {
             match self.device.flush_here() {
                 Some(result) => self.on_complete(
                     id,
@@ -484,6 +498,11 @@ impl Inner {
                 ),
                 None => self.send(id, cmd),
             }
+            return;
+        }
+        match self.device.submit_here(cmd) {
+            Ok(c) => self.on_complete(id, c),
+            Err(cmd) => self.send(id, cmd),
         }
     }
 

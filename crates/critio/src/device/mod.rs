@@ -206,6 +206,23 @@ pub trait Device: Send + Sync + 'static {
     fn flush_here(&self) -> Option<Result<(), DeviceError>> {
         None
     }
+
+    /// Whether [`Device::submit_here`] does reads and writes (default: no).
+    fn submits_here(&self) -> bool {
+        false
+    }
+
+    /// A read or write done by the calling thread, which blocks until it
+    /// ends, where the device can do that more cheaply than through
+    /// [`Device::submit`] (no completion thread between the kernel and the
+    /// caller). The block layer calls it only for a request its caller
+    /// waits for, that no one can promote any more (critical already, or
+    /// no inheritance), after the caller has stopped dispatching. Devices
+    /// that cannot, now or at all, hand the command back (`Err`), and the
+    /// caller submits it as usual.
+    fn submit_here(&self, cmd: Command) -> Result<Completion, Command> {
+        Err(cmd)
+    }
 }
 
 /// Why a command or a device failed.

@@ -23,6 +23,9 @@
 //!               ioprio) ─> drive ─> CQE ─> eventfd
 //!
 //!  flush_here (a flush its caller waits for): fdatasync in the caller
+//!  submit_here (a read or write its caller waits for, no longer promotable):
+//!    the caller's own small ring: push SQE{.., ioprio(class)}, io_uring_enter
+//!    waiting for its CQE (the kernel wakes the caller; no reaper in between)
 //! ```
 //!
 //! | module    | what                                                       |
@@ -32,6 +35,7 @@
 //! | `table`   | in-flight commands by `user_data`, owning their buffers    |
 //! | `state`   | submission, resubmission, completion, behind one lock      |
 //! | `reaper`  | the completion thread                                      |
+//! | `here`    | reads and writes done by their caller, on a ring of its own |
 //!
 //! What each class gets: critical requests go as `Realtime(0)` and
 //! non-critical ones as `Idle` by default ([`ClassPriorities`]). Where the
@@ -47,6 +51,7 @@
 //! a larger logical block size gets that instead).
 
 mod file;
+mod here;
 mod reaper;
 mod ring;
 mod state;
@@ -156,7 +161,7 @@ impl UringDevice {
             .map_err(|e| resource("cannot create an eventfd", e.into()))?;
         let ring = ring::build(&device, options.entries, &eventfd)?;
         let priorities = options.per_request_ioprio.then_some(options.priorities);
-        let flush_file = opened
+        let caller_file = opened
             .file
             .try_clone()
             .map_err(|e| resource("cannot duplicate the file descriptor", e))?;
@@ -171,7 +176,8 @@ impl UringDevice {
             },
             state: Mutex::new(state),
             eventfd,
-            flush_file,
+            caller_file,
+            id: here::next_device_id(),
         });
         let for_reaper = shared.clone();
         let reaper = thread::Builder::new()
@@ -255,7 +261,7 @@ impl Device for UringDevice {
     fn flush_here(&self) -> Option<Result<(), DeviceError>> {
         Some(
             self.shared
-                .flush_file
+                .caller_file
                 .sync_data()
                 .map_err(|source| DeviceError::Io {
                     device: self.shared.info.name.clone(),
@@ -264,6 +270,26 @@ impl Device for UringDevice {
                     source,
                 }),
         )
+    }
+
+    fn submits_here(&self) -> bool {
+        true
+    }
+
+    /// The read or write on a ring of the calling thread's own, with the
+    /// same per-request `ioprio` as through the shared ring, waited for in
+    /// the same `io_uring_enter` that submits it: the kernel wakes the
+    /// caller when it is done. Through the shared ring the completion wakes
+    /// the reaper, which wakes the caller: two wake-ups where this has one.
+    /// A thread that cannot set up a ring hands the command back.
+    fn submit_here(&self, cmd: Command) -> Result<Completion, Command> {
+        if let Err(e) = validate(&self.shared.info, &cmd) {
+            return Ok(Completion {
+                result: Err(e),
+                buf: cmd.buf,
+            });
+        }
+        here::submit(&self.shared, cmd)
     }
 }
 

@@ -32,9 +32,13 @@ pub(super) struct Shared {
     pub state: Mutex<State>,
     /// Signalled by the kernel on every CQE, and by [`Shared::wake`].
     pub eventfd: OwnedFd,
-    /// The file again, for flushes done by their caller
-    /// ([`crate::device::Device::flush_here`]).
-    pub flush_file: std::fs::File,
+    /// The file again (the same open file, O_DIRECT), for flushes, reads
+    /// and writes done by their caller ([`crate::device::Device::flush_here`],
+    /// [`crate::device::Device::submit_here`]).
+    pub caller_file: std::fs::File,
+    /// This device among every one opened in the process (each thread
+    /// keeps its own small rings per device, see `here.rs`).
+    pub id: u64,
 }
 
 impl Shared {

@@ -112,7 +112,8 @@ impl State {
         self.push(id);
     }
 
-    fn ioprio(&self, class: Class) -> u16 {
+    /// The `ioprio` a request of `class` is sent with now.
+    pub(super) fn ioprio(&self, class: Class) -> u16 {
         self.priorities.map_or(0, |p| p.of(class).encode())
     }
 
@@ -248,7 +249,7 @@ impl State {
     }
 
     /// RT was refused for `class`: use the fallback from now on.
-    fn fall_back(&mut self, class: Class) -> IoPriority {
+    pub(super) fn fall_back(&mut self, class: Class) -> IoPriority {
         let p = self
             .priorities
             .as_mut()
@@ -280,7 +281,7 @@ impl State {
 }
 
 /// What a CQE means for its command.
-enum Outcome {
+pub(super) enum Outcome {
     /// Issue another SQE for the same slot.
     Again,
     /// The command is over.
@@ -289,19 +290,24 @@ enum Outcome {
 
 /// A non-negative CQE result: `n` more bytes (a flush returns 0).
 fn on_transfer(slot: &mut Slot, n: usize) -> Outcome {
-    if slot.op == Op::Flush {
+    transfer_outcome(slot.op, slot.buf.len(), &mut slot.transferred, n)
+}
+
+/// A command of `op` over `len` bytes, `transferred` of them done so far,
+/// moved `n` more (a flush returns 0).
+pub(super) fn transfer_outcome(op: Op, len: usize, transferred: &mut usize, n: usize) -> Outcome {
+    if op == Op::Flush {
         return Outcome::Done(Ok(()));
     }
-    let len = slot.buf.len();
-    slot.transferred += n;
-    assert!(slot.transferred <= len, "the kernel moved more than asked");
-    if slot.transferred == len {
+    *transferred += n;
+    assert!(*transferred <= len, "the kernel moved more than asked");
+    if *transferred == len {
         return Outcome::Done(Ok(()));
     }
     if n > 0 {
         return Outcome::Again;
     }
-    let (kind, what) = match slot.op {
+    let (kind, what) = match op {
         Op::Read => (io::ErrorKind::UnexpectedEof, "read hit the end of the file"),
         _ => (io::ErrorKind::WriteZero, "write made no progress"),
     };
@@ -309,12 +315,12 @@ fn on_transfer(slot: &mut Slot, n: usize) -> Outcome {
         kind,
         format!(
             "{what} after {} of {len} bytes; was the file truncated below the device's capacity?",
-            slot.transferred
+            *transferred
         ),
     )))
 }
 
-fn too_many_attempts() -> io::Error {
+pub(super) fn too_many_attempts() -> io::Error {
     io::Error::other(format!(
         "still incomplete after {ATTEMPTS_MAX} attempts (short transfers or EAGAIN); \
          check the device"

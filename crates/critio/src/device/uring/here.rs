@@ -1,0 +1,184 @@
+//! Reads and writes done by the thread that waits for them, each thread on
+//! a small ring of its own per device.
+//!
+//! ```text
+//!  caller: SQE{op, fd, buf, offset, ioprio(class)} ─> io_uring_enter(submit 1, wait 1)
+//!             ^                                               │ kernel ─> CQE, wakes the caller
+//!             └── short transfer, EAGAIN/EINTR, refused RT ───┘ (up to ATTEMPTS_MAX SQEs)
+//! ```
+//!
+//! The same SQE as through the shared ring (so the same per-request I/O
+//! priority reaches the kernel's scheduler and the drive), but no reaper:
+//! the `io_uring_enter` that submits it waits for its completion, and the
+//! kernel wakes the caller itself. The caller's buffer stays in this frame
+//! until its CQE has been taken; nothing returns while the kernel may
+//! still use it.
+//!
+//! A thread keeps at most [`RINGS_PER_THREAD`] rings, one per device it
+//! used last (a ring is a file descriptor and two small mappings), and
+//! drops them when it exits.
+
+use std::cell::RefCell;
+use std::io;
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use io_uring::{opcode, types, IoUring};
+
+use super::reaper::Shared;
+use super::state::{too_many_attempts, transfer_outcome, Outcome, ATTEMPTS_MAX};
+use crate::device::{AlignedBuf, Command, Completion, DeviceError, Op};
+use crate::sys::IoPriority;
+
+/// Rings one thread keeps, one per device (the least recently used goes).
+const RINGS_PER_THREAD: usize = 4;
+/// SQ entries of a caller's ring: one request at a time, one spare.
+const ENTRIES: u32 = 2;
+
+static NEXT_DEVICE: AtomicU64 = AtomicU64::new(1);
+
+thread_local! {
+    /// This thread's rings, by device id, the most recently used last.
+    static RINGS: RefCell<Vec<(u64, IoUring)>> = const { RefCell::new(Vec::new()) };
+}
+
+/// A new device's id.
+pub(super) fn next_device_id() -> u64 {
+    NEXT_DEVICE.fetch_add(1, Ordering::Relaxed)
+}
+
+/// Does the read or write `cmd` (validated) in this thread; hands it back
+/// if it is a flush or the thread has no ring and cannot set one up.
+pub(super) fn submit(shared: &Shared, cmd: Command) -> Result<Completion, Command> {
+    if cmd.op == Op::Flush {
+        return Err(cmd);
+    }
+    RINGS.with(|rings| {
+        let Ok(mut rings) = rings.try_borrow_mut() else {
+            return Err(cmd);
+        };
+        let at = match rings.iter().position(|(id, _)| *id == shared.id) {
+            Some(at) => at,
+            None => {
+                let Ok(ring) = IoUring::new(ENTRIES) else {
+                    return Err(cmd);
+                };
+                if rings.len() >= RINGS_PER_THREAD {
+                    rings.remove(0);
+                }
+                rings.push((shared.id, ring));
+                rings.len() - 1
+            }
+        };
+        let (id, mut ring) = rings.remove(at);
+        let (completion, usable) = run(shared, &mut ring, cmd);
+        if usable {
+            rings.push((id, ring));
+        }
+        Ok(completion)
+    })
+}
+
+/// Runs `cmd` to its end on `ring`; false with it if the ring failed (the
+/// command's buffer is then leaked, since the kernel may still hold it).
+fn run(shared: &Shared, ring: &mut IoUring, cmd: Command) -> (Completion, bool) {
+    let Command {
+        op,
+        offset,
+        mut buf,
+        class,
+        ..
+    } = cmd;
+    let fd = types::Fd(shared.caller_file.as_raw_fd());
+    let len = buf.len();
+    let mut ioprio = shared.state.lock().ioprio(class);
+    let mut transferred = 0;
+    let mut attempts = 0;
+    let result = loop {
+        attempts += 1;
+        let rest = &mut buf.as_mut_slice()[transferred..];
+        let n = u32::try_from(rest.len()).expect("a transfer fits in 4 GiB");
+        let at = offset + transferred as u64;
+        let entry = match op {
+            Op::Read => opcode::Read::new(fd, rest.as_mut_ptr(), n)
+                .offset(at)
+                .ioprio(ioprio)
+                .build(),
+            Op::Write => opcode::Write::new(fd, rest.as_ptr(), n)
+                .offset(at)
+                .ioprio(ioprio)
+                .build(),
+            Op::Flush => unreachable!("flushes are handed back"),
+        };
+        // SAFETY: the SQE reads from or writes into `buf`'s heap data,
+        // bytes [transferred, len), and names `caller_file`'s descriptor,
+        // which lives as long as the device, which the caller borrows.
+        // `buf` is owned by this frame and neither touched nor freed until
+        // the CQE of this SQE has been taken below (`wait_one` returns only
+        // then); if the ring fails before that, `buf` is leaked instead.
+        // The SQ is empty before each push (one SQE at a time, each
+        // submitted by `wait_one`), so the push cannot fail.
+        unsafe {
+            ring.submission()
+                .push(&entry)
+                .expect("an empty submission queue has room");
+        }
+        let res = match wait_one(ring) {
+            Ok(res) => res,
+            Err(e) => {
+                std::mem::forget(buf);
+                let result = Err(DeviceError::Io {
+                    device: shared.info.name.clone(),
+                    op,
+                    offset,
+                    source: io::Error::other(format!(
+                        "the caller's io_uring failed ({e}); the request's buffer was leaked"
+                    )),
+                });
+                let buf = AlignedBuf::empty();
+                return (Completion { result, buf }, false);
+            }
+        };
+        let outcome = if res < 0 {
+            match -res {
+                libc::EAGAIN | libc::EINTR => Outcome::Again,
+                libc::EPERM if IoPriority::decode(ioprio).is_some_and(IoPriority::is_realtime) => {
+                    ioprio = shared.state.lock().fall_back(class).encode();
+                    Outcome::Again
+                }
+                errno => Outcome::Done(Err(io::Error::from_raw_os_error(errno))),
+            }
+        } else {
+            transfer_outcome(op, len, &mut transferred, res as usize)
+        };
+        match outcome {
+            Outcome::Again if attempts < ATTEMPTS_MAX => {}
+            Outcome::Again => break Err(too_many_attempts()),
+            Outcome::Done(r) => break r,
+        }
+    };
+    let result = result.map_err(|source| DeviceError::Io {
+        device: shared.info.name.clone(),
+        op,
+        offset,
+        source,
+    });
+    (Completion { result, buf }, true)
+}
+
+/// Submits what is in `ring`'s SQ and waits for one CQE; its result.
+fn wait_one(ring: &mut IoUring) -> io::Result<i32> {
+    loop {
+        if let Some(cqe) = ring.completion().next() {
+            return Ok(cqe.result());
+        }
+        match ring.submit_and_wait(1) {
+            Ok(_) => {}
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EAGAIN | libc::EBUSY)) => {
+                std::thread::yield_now();
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
