@@ -21,9 +21,11 @@
 //! its output passes [`OUTPUT_ROUND_BYTES`], so one pipelining client cannot
 //! hold its worker or grow its output without bound.
 
-use std::io::{self, Read, Write};
+use std::io::{self, Write};
 use std::net::TcpStream;
 use std::time::Instant;
+
+use rustix::buffer::spare_capacity;
 
 use super::command::{self, Ctx, Session};
 use super::frame::{self, Limits, Parsed};
@@ -127,20 +129,20 @@ impl Conn {
                 .need
                 .saturating_sub(len)
                 .clamp(READ_CHUNK, READ_ROUND_MAX);
-            self.input.resize(len + want, 0);
-            let read = self.stream.read(&mut self.input[len..]);
+            // Into the spare capacity, not zeroed first: zeroing 16 KiB per
+            // read (and again for the read that finds the socket empty) was
+            // 5% of the worker's time under a 1 KiB SET load.
+            self.input.reserve(want);
+            let read = rustix::io::read(&self.stream, spare_capacity(&mut self.input));
             let n = match read {
                 Ok(n) => n,
-                Err(e) => {
-                    self.input.truncate(len);
-                    match e.kind() {
-                        io::ErrorKind::Interrupted => continue,
-                        io::ErrorKind::WouldBlock => break,
-                        _ => return Err(e),
-                    }
-                }
+                Err(e) => match io::Error::from(e).kind() {
+                    io::ErrorKind::Interrupted => continue,
+                    io::ErrorKind::WouldBlock => break,
+                    _ => return Err(e.into()),
+                },
             };
-            self.input.truncate(len + n);
+            debug_assert_eq!(self.input.len(), len + n);
             if n == 0 {
                 self.eof = true;
                 break;
