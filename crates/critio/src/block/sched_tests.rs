@@ -368,26 +368,37 @@ fn without_classes_everything_shares_one_fifo_and_pool() {
     assert_eq!(h.s.promote(ids[0], h.now), Promotion::AlreadyCritical);
 }
 
+/// A harness under the adaptive cap with `min_share` and
+/// `starvation_period`, after five clean 1 ms critical requests (its
+/// baseline).
+fn baselined_auto(min_share: f64, starvation_period: Nanos) -> Harness {
+    use super::cap::AutoCapConfig;
+    let mut h = Harness::new(SchedConfig {
+        noncritical_cap: NoncriticalCap::Auto(AutoCapConfig {
+            min_share,
+            ..AutoCapConfig::default()
+        }),
+        starvation_period,
+        ..cfg()
+    });
+    for _ in 0..5 {
+        h.submit(C);
+        h.dispatch();
+        h.advance(MS);
+        h.complete_oldest();
+    }
+    h
+}
+
 /// Under the adaptive cap, critical latency kept 3x above its clean
 /// baseline by background writes paces them down to the floor; a background
 /// read is not held by pacing (it leaves nothing in the device's write
 /// cache), a background write is.
 #[test]
 fn pacing_holds_background_writes_not_reads() {
-    use super::cap::AutoCapConfig;
-    let mut h = Harness::new(SchedConfig {
-        noncritical_cap: NoncriticalCap::Auto(AutoCapConfig {
-            min_share: 0.0, // the configured floor alone (see the next test)
-            ..AutoCapConfig::default()
-        }),
-        ..cfg()
-    });
-    for _ in 0..5 {
-        h.submit(C); // the clean baseline: 1 ms
-        h.dispatch();
-        h.advance(MS);
-        h.complete_oldest();
-    }
+    // The configured floor alone (the share of background's own
+    // throughput: see the next test).
+    let mut h = baselined_auto(0.0, cfg().starvation_period);
     let mut submitted = 0;
     for _ in 0..12 * 16 {
         // A new background write once the last one went (no backlog).
@@ -432,21 +443,7 @@ fn pacing_holds_background_writes_not_reads() {
 /// otherwise; 130 MiB/s unpaced. The starvation period is long, so
 /// pacing alone decides.
 fn backlogged_background_rate(min_share: f64) -> f64 {
-    use super::cap::AutoCapConfig;
-    let mut h = Harness::new(SchedConfig {
-        noncritical_cap: NoncriticalCap::Auto(AutoCapConfig {
-            min_share,
-            ..AutoCapConfig::default()
-        }),
-        starvation_period: 1000 * MS,
-        ..cfg()
-    });
-    for _ in 0..5 {
-        h.submit(C); // the clean baseline: 1 ms
-        h.dispatch();
-        h.advance(MS);
-        h.complete_oldest();
-    }
+    let mut h = baselined_auto(min_share, 1000 * MS);
     let start = h.now;
     let mut submitted = 0;
     let mut late = 0;

@@ -23,10 +23,10 @@ use std::io;
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use io_uring::{opcode, types, IoUring};
+use io_uring::{types, IoUring};
 
 use super::reaper::Shared;
-use super::state::{too_many_attempts, transfer_outcome, Outcome, ATTEMPTS_MAX};
+use super::state::{sqe, too_many_attempts, transfer_outcome, Outcome, ATTEMPTS_MAX};
 use crate::device::{AlignedBuf, Command, Completion, DeviceError, Op};
 use crate::sys::IoPriority;
 
@@ -97,19 +97,7 @@ fn run(shared: &Shared, ring: &mut IoUring, cmd: Command) -> (Completion, bool) 
     let result = loop {
         attempts += 1;
         let rest = &mut buf.as_mut_slice()[transferred..];
-        let n = u32::try_from(rest.len()).expect("a transfer fits in 4 GiB");
-        let at = offset + transferred as u64;
-        let entry = match op {
-            Op::Read => opcode::Read::new(fd, rest.as_mut_ptr(), n)
-                .offset(at)
-                .ioprio(ioprio)
-                .build(),
-            Op::Write => opcode::Write::new(fd, rest.as_ptr(), n)
-                .offset(at)
-                .ioprio(ioprio)
-                .build(),
-            Op::Flush => unreachable!("flushes are handed back"),
-        };
+        let entry = sqe(op, fd, rest, offset + transferred as u64, ioprio);
         // SAFETY: the SQE reads from or writes into `buf`'s heap data,
         // bytes [transferred, len), and names `caller_file`'s descriptor,
         // which lives as long as the device, which the caller borrows.

@@ -124,21 +124,7 @@ impl State {
         let (done, ioprio) = (slot.transferred, slot.ioprio);
         let offset = slot.offset + done as u64;
         let rest = &mut slot.buf.as_mut_slice()[done..];
-        let len = u32::try_from(rest.len()).expect("a transfer fits in 4 GiB");
-        let entry = match slot.op {
-            Op::Read => opcode::Read::new(fd, rest.as_mut_ptr(), len)
-                .offset(offset)
-                .ioprio(ioprio)
-                .build(),
-            Op::Write => opcode::Write::new(fd, rest.as_ptr(), len)
-                .offset(offset)
-                .ioprio(ioprio)
-                .build(),
-            Op::Flush => opcode::Fsync::new(fd)
-                .flags(types::FsyncFlags::DATASYNC)
-                .build(),
-        };
-        entry.user_data(u64::from(id))
+        sqe(slot.op, fd, rest, offset, ioprio).user_data(u64::from(id))
     }
 
     /// Pushes slot `id`'s SQE, or queues it behind earlier unpushed ones.
@@ -277,6 +263,32 @@ impl State {
                 buf: slot.buf,
             },
         )
+    }
+}
+
+/// The SQE of `op` on `fd` for the bytes of `rest` at `offset`, with
+/// `ioprio` (a flush takes neither bytes nor priority). Pushing it is the
+/// caller's `unsafe`: the kernel uses `rest` until the SQE's CQE.
+pub(super) fn sqe(
+    op: Op,
+    fd: types::Fd,
+    rest: &mut [u8],
+    offset: u64,
+    ioprio: u16,
+) -> squeue::Entry {
+    let len = u32::try_from(rest.len()).expect("a transfer fits in 4 GiB");
+    match op {
+        Op::Read => opcode::Read::new(fd, rest.as_mut_ptr(), len)
+            .offset(offset)
+            .ioprio(ioprio)
+            .build(),
+        Op::Write => opcode::Write::new(fd, rest.as_ptr(), len)
+            .offset(offset)
+            .ioprio(ioprio)
+            .build(),
+        Op::Flush => opcode::Fsync::new(fd)
+            .flags(types::FsyncFlags::DATASYNC)
+            .build(),
     }
 }
 
