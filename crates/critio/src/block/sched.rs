@@ -225,6 +225,10 @@ struct Entry<P> {
     queued: Nanos,
     dispatched: Nanos,
     nc_at_dispatch: u32,
+    /// `nc_dispatched` when it was dispatched: a critical request's
+    /// device time is mixed if background went to the device after it,
+    /// while it was there, as much as if background was there before.
+    nc_seq: u64,
 }
 
 /// What a completion reports.
@@ -317,6 +321,8 @@ pub struct Scheduler<P = ()> {
     /// (for the starvation check).
     last_dispatch: [Nanos; LANES],
     last_nc_dispatch: Nanos,
+    /// Non-critical requests sent to the device so far.
+    nc_dispatched: u64,
     /// The open anticipation window: the lane it serves and its end.
     antic: Option<(usize, Nanos)>,
     think: [ThinkTime; LANES],
@@ -347,6 +353,7 @@ impl<P> Scheduler<P> {
             ncio: NcioIndex::default(),
             last_dispatch: [0; LANES],
             last_nc_dispatch: 0,
+            nc_dispatched: 0,
             antic: None,
             think: [ThinkTime::default(); LANES],
             tokens_left: cfg.tokens.0,
@@ -410,6 +417,7 @@ impl<P> Scheduler<P> {
             queued: now,
             dispatched: now,
             nc_at_dispatch: 0,
+            nc_seq: 0,
         };
         match self.reqs.entry(id) {
             std::collections::hash_map::Entry::Vacant(v) => {
@@ -606,6 +614,7 @@ impl<P> Scheduler<P> {
         let e = self.reqs.get_mut(&id).expect("queued request is known");
         if lane != CRIT {
             self.last_nc_dispatch = now;
+            self.nc_dispatched += 1;
             self.cap.on_noncritical_dispatch(paced_bytes(&e.info), now);
         }
         debug_assert_eq!(e.loc, Location::Queued);
@@ -613,6 +622,7 @@ impl<P> Scheduler<P> {
         e.loc = Location::AtDevice;
         e.dispatched = now;
         e.nc_at_dispatch = nc_inflight;
+        e.nc_seq = self.nc_dispatched;
         (id, e)
     }
 
@@ -642,8 +652,11 @@ impl<P> Scheduler<P> {
             if e.info.op == Op::Write {
                 self.cap.on_critical_written(e.info.len);
             }
+            // Background sent after it (in the same dispatch turn, say)
+            // shared the device with it too.
+            let nc_alongside = e.nc_at_dispatch + u32::from(self.nc_dispatched > e.nc_seq);
             self.cap
-                .on_critical_complete(device_time, e.nc_at_dispatch, e.dispatched, now);
+                .on_critical_complete(device_time, nc_alongside, e.dispatched, now);
         }
         if self.cfg.classes {
             self.lane_completed(lane, now);

@@ -487,6 +487,34 @@ fn pacing_keeps_half_of_the_backgrounds_own_throughput() {
     assert!(floor < 0.2 * own, "share off: {floor:.1} MiB/s");
 }
 
+/// A critical request with background sent to the device after it, in
+/// the same dispatch turn, shared the device as much as one sent behind
+/// background: its device time is not a clean sample for the adaptive
+/// cap's baseline (it was, and a device's first busy moment after a quiet
+/// spell set the baseline that every later window was judged against).
+#[test]
+fn background_sent_after_a_critical_request_makes_its_sample_mixed() {
+    use super::cap::AutoCapConfig;
+    let mut h = Harness::new(SchedConfig {
+        noncritical_cap: NoncriticalCap::Auto(AutoCapConfig::default()),
+        ..cfg()
+    });
+    h.submit(C);
+    h.submit_op(N, Op::Write, 64 << 10);
+    assert_eq!(h.dispatch(), vec![C, N], "the critical one goes first");
+    h.advance(5 * MS);
+    h.complete_oldest();
+    h.complete_oldest();
+    assert_eq!(h.s.cap_view().0, None, "no clean sample yet");
+    // Alone, after the device settled, a critical request is clean.
+    h.advance(100 * MS);
+    h.submit(C);
+    h.dispatch();
+    h.advance(MS);
+    h.complete_oldest();
+    assert_eq!(h.s.cap_view().0, Some(MS as f64));
+}
+
 /// A probe of the adaptive cap holds background work until the device has
 /// settled and clean critical samples arrive, then lets it go: with
 /// background always queued and a critical request every millisecond, the
