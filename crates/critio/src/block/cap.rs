@@ -176,15 +176,18 @@ impl CapState {
         }
     }
 
+    /// A critical request completed after `latency` at the device;
+    /// `nc_alongside`: background requests at the device when it was
+    /// dispatched, plus one if any was sent while it was there.
     pub(crate) fn on_critical_complete(
         &mut self,
         latency: Nanos,
-        nc_at_dispatch: u32,
+        nc_alongside: u32,
         dispatched: Nanos,
         now: Nanos,
     ) {
         if let CapState::Auto(a) = self {
-            a.on_critical_complete(latency, nc_at_dispatch, dispatched, now);
+            a.on_critical_complete(latency, nc_alongside, dispatched, now);
         }
     }
 
@@ -450,7 +453,7 @@ impl AutoCap {
     fn on_critical_complete(
         &mut self,
         latency: Nanos,
-        nc_at_dispatch: u32,
+        nc_alongside: u32,
         dispatched: Nanos,
         now: Nanos,
     ) {
@@ -463,7 +466,7 @@ impl AutoCap {
         let settled = self
             .last_nc_complete
             .is_none_or(|t| dispatched.saturating_sub(t) >= self.cfg.settle_ms * MS);
-        if nc_at_dispatch == 0 && settled {
+        if nc_alongside == 0 && settled {
             self.clean = Some(match self.clean {
                 None => lat,
                 Some(c) => c + CLEAN_ALPHA * (lat - c),
