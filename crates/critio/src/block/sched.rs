@@ -225,7 +225,7 @@ struct Entry<P> {
     queued: Nanos,
     dispatched: Nanos,
     nc_at_dispatch: u32,
-    /// `nc_dispatched` when it was dispatched: a critical request's
+    /// `nc_dispatched()` when it was dispatched: a critical request's
     /// device time is mixed if background went to the device after it,
     /// while it was there, as much as if background was there before.
     nc_seq: u64,
@@ -321,8 +321,6 @@ pub struct Scheduler<P = ()> {
     /// (for the starvation check).
     last_dispatch: [Nanos; LANES],
     last_nc_dispatch: Nanos,
-    /// Non-critical requests sent to the device so far.
-    nc_dispatched: u64,
     /// The open anticipation window: the lane it serves and its end.
     antic: Option<(usize, Nanos)>,
     think: [ThinkTime; LANES],
@@ -353,7 +351,6 @@ impl<P> Scheduler<P> {
             ncio: NcioIndex::default(),
             last_dispatch: [0; LANES],
             last_nc_dispatch: 0,
-            nc_dispatched: 0,
             antic: None,
             think: [ThinkTime::default(); LANES],
             tokens_left: cfg.tokens.0,
@@ -599,12 +596,18 @@ impl<P> Scheduler<P> {
         Some(self.reqs.get(&id).map_or(0, |e| paced_bytes(&e.info)))
     }
 
+    /// Non-critical requests sent to the device so far.
+    fn nc_dispatched(&self) -> u64 {
+        self.counters.lane_dispatches[CRIT + 1..].iter().sum()
+    }
+
     /// Moves the head of `lane` to the device.
     fn take(&mut self, lane: usize, now: Nanos) -> (ReqId, &mut Entry<P>) {
         let (id, _) = self.queues[lane]
             .pop_front()
             .expect("queue checked non-empty");
         let nc_inflight = self.inflight[NONCRIT];
+        let nc_seq = self.nc_dispatched();
         let pool = if lane == CRIT { CRIT } else { NONCRIT };
         self.inflight[pool] += 1;
         self.lane_inflight[lane] += 1;
@@ -614,7 +617,6 @@ impl<P> Scheduler<P> {
         let e = self.reqs.get_mut(&id).expect("queued request is known");
         if lane != CRIT {
             self.last_nc_dispatch = now;
-            self.nc_dispatched += 1;
             self.cap.on_noncritical_dispatch(paced_bytes(&e.info), now);
         }
         debug_assert_eq!(e.loc, Location::Queued);
@@ -622,7 +624,7 @@ impl<P> Scheduler<P> {
         e.loc = Location::AtDevice;
         e.dispatched = now;
         e.nc_at_dispatch = nc_inflight;
-        e.nc_seq = self.nc_dispatched;
+        e.nc_seq = nc_seq;
         (id, e)
     }
 
@@ -654,7 +656,7 @@ impl<P> Scheduler<P> {
             }
             // Background sent after it (in the same dispatch turn, say)
             // shared the device with it too.
-            let nc_alongside = e.nc_at_dispatch + u32::from(self.nc_dispatched > e.nc_seq);
+            let nc_alongside = e.nc_at_dispatch + u32::from(self.nc_dispatched() > e.nc_seq);
             self.cap
                 .on_critical_complete(device_time, nc_alongside, e.dispatched, now);
         }
