@@ -737,9 +737,7 @@ impl Controller {
         self.rate_min_seen = self.rate_min_seen.min(self.rate);
         self.rate_sum += self.rate;
     }
-}
 
-impl Controller {
     /// The background's own throughput in bytes/s, updated from what its
     /// writers published since the last window (0 before any).
     fn own_rate(&mut self, c: &Control) -> f64 {
