@@ -10,6 +10,7 @@
 //! [context]
 //! kernel_mirror = false    # mirror each thread's class into ioprio_set
 //! background_nice = 10     # CPU nice of background threads while non-critical
+//! lock_ceiling = true      # background sections holding request locks run real-time
 //!
 //! [sync]
 //! inheritance = true       # owners/helpers inherit from critical waiters
@@ -106,6 +107,13 @@ pub struct ContextConfig {
     /// a background thread gets about a tenth of a CPU a request thread
     /// wants, and all of an idle one. Range 0..=19.
     pub background_nice: i32,
+    /// Run a background thread's short sections that hold locks requests
+    /// take (the cleaner's batch of key stripes) real-time, so the kernel
+    /// never preempts it there while a request waits
+    /// ([`crate::context::ceiling`]). Needs `CAP_SYS_NICE` or
+    /// `RLIMIT_RTPRIO >= 1`; without, it stays off with a note. Default:
+    /// true.
+    pub lock_ceiling: bool,
 }
 
 impl Default for ContextConfig {
@@ -113,6 +121,7 @@ impl Default for ContextConfig {
         Self {
             kernel_mirror: false,
             background_nice: 10,
+            lock_ceiling: true,
         }
     }
 }

@@ -228,6 +228,9 @@ impl Stack {
         if let Err(why) = crate::context::set_background_nice(config.context.background_nice) {
             notes.push(format!("context.background_nice: {why}"));
         }
+        if let Err(why) = crate::context::set_lock_ceiling(config.context.lock_ceiling) {
+            notes.push(format!("context.lock_ceiling: {why}"));
+        }
         let block = Arc::new(BlockLayer::with_metrics(
             device.clone(),
             config.block,

@@ -14,16 +14,35 @@
 //!   I/O it submits) runs at full speed: static CPU priorities would leave
 //!   that request waiting on a starved thread; inheritance does not.
 //!
+//! - **Lock ceiling** (`context.lock_ceiling`, on by default): inheritance
+//!   raises a lock holder once a request waits for it, but the kernel may
+//!   already have preempted the holder midway through its section, and a
+//!   raised thread still waits its turn on a busy CPU: the request waits
+//!   milliseconds for microseconds of work. A background thread that takes
+//!   locks requests use, many at a time (the cleaner holding a batch's key
+//!   stripes), enters [`ceiling`] for that bounded, in-memory section: it
+//!   runs `SCHED_FIFO` at the lowest real-time level until the guard
+//!   drops, so no normal thread preempts it there (the priority ceiling
+//!   protocol; POSIX's `PTHREAD_PRIO_PROTECT` does the same with the same
+//!   system call). Without the right to (`CAP_SYS_NICE` or
+//!   `RLIMIT_RTPRIO`), it stays off and says so.
+//!
 //! ```text
 //!   class flip (foreground, inherit, revoke) ──> chain walk ──> ioprio_set(tid, prio of class)
 //!                                                          └──> setpriority(tid, 0 | background_nice)
+//!   ceiling() ... guard dropped               ──> sched_setscheduler(FIFO 1) ... (OTHER, nice kept)
 //! ```
 
+use std::cell::Cell;
+use std::marker::PhantomData;
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::RwLock;
 
 use super::task::Task;
-use crate::sys::{set_thread_ioprio, set_thread_ioprio_or_fallback, ClassPriorities, IoPriority};
+use crate::sys::{
+    set_current_thread_realtime, set_thread_ioprio, set_thread_ioprio_or_fallback, ClassPriorities,
+    IoPriority,
+};
 
 static ON: AtomicBool = AtomicBool::new(false);
 static PRIORITIES: RwLock<Option<ClassPriorities>> = RwLock::new(None);
@@ -103,6 +122,83 @@ fn mirror_cpu(task: &Task) {
     // speed (set_background_nice checked that raising works).
     if rustix::process::setpriority_process(pid, want).is_ok() {
         *applied = Some(want);
+    }
+}
+
+static CEILING: AtomicBool = AtomicBool::new(false);
+
+thread_local! {
+    /// Ceiling guards this thread holds, and whether its outermost one
+    /// made it real-time.
+    static CEILING_HELD: Cell<(u32, bool)> = const { Cell::new((0, false)) };
+}
+
+/// Turns the lock ceiling on or off. On only after checking that a thread
+/// can enter the real-time class and leave it (needs `CAP_SYS_NICE` or an
+/// `RLIMIT_RTPRIO` of at least 1): otherwise it stays off and the error
+/// says why.
+pub fn set_lock_ceiling(on: bool) -> Result<(), String> {
+    if on {
+        let probe = std::thread::spawn(|| -> Result<(), String> {
+            set_current_thread_realtime(true)
+                .map_err(|e| format!("cannot run a thread real-time (needs CAP_SYS_NICE or RLIMIT_RTPRIO >= 1): {e}; the lock ceiling stays off"))?;
+            set_current_thread_realtime(false).map_err(|e| {
+                format!("cannot return a thread from real-time: {e}; the lock ceiling stays off")
+            })
+        });
+        if let Err(why) = probe
+            .join()
+            .unwrap_or_else(|_| Err("the probe thread panicked".into()))
+        {
+            CEILING.store(false, Ordering::SeqCst);
+            return Err(why);
+        }
+    }
+    CEILING.store(on, Ordering::SeqCst);
+    Ok(())
+}
+
+/// Whether the lock ceiling is on.
+pub fn lock_ceiling() -> bool {
+    CEILING.load(Ordering::SeqCst)
+}
+
+/// Runs the current thread at the ceiling (real-time, above every normal
+/// thread) until the guard drops, if the lock ceiling is on; nests (the
+/// outermost guard decides). For short, bounded sections a request may
+/// wait for, such as holding many of the locks requests take: a thread
+/// that computes for long under it takes a CPU from everyone else
+/// (the kernel's real-time throttling still leaves them 5%).
+pub fn ceiling() -> CeilingGuard {
+    CEILING_HELD.with(|held| {
+        let (depth, raised) = held.get();
+        let raised = match depth {
+            0 => lock_ceiling() && set_current_thread_realtime(true).is_ok(),
+            _ => raised,
+        };
+        held.set((depth + 1, raised));
+    });
+    CeilingGuard {
+        _not_send: PhantomData,
+    }
+}
+
+/// The section of [`ceiling`]: the thread leaves the ceiling when the
+/// outermost guard drops.
+pub struct CeilingGuard {
+    _not_send: PhantomData<*const ()>,
+}
+
+impl Drop for CeilingGuard {
+    fn drop(&mut self) {
+        CEILING_HELD.with(|held| {
+            let (depth, raised) = held.get();
+            if depth == 1 && raised {
+                // Best effort: leaving real-time cannot be refused.
+                let _ = set_current_thread_realtime(false);
+            }
+            held.set((depth - 1, raised && depth > 1));
+        });
     }
 }
 
@@ -196,6 +292,31 @@ mod tests {
         assert_eq!(boosted, 0, "inheriting: full speed");
         assert_eq!(after, 10, "revoked: background again");
     }
+    #[test]
+    fn a_ceiling_section_runs_real_time_and_leaves_the_nice_as_it_was() {
+        use crate::sys::current_thread_is_realtime;
+        if let Err(why) = set_lock_ceiling(true) {
+            eprintln!("skipped: {why}");
+            return;
+        }
+        let seen = std::thread::spawn(|| {
+            let tid = crate::context::current().os_tid();
+            let pid = rustix::process::Pid::from_raw(tid);
+            rustix::process::setpriority_process(pid, 5).unwrap();
+            let rt = || current_thread_is_realtime().unwrap();
+            let before = rt();
+            let outer = ceiling();
+            let inside = rt();
+            drop(ceiling()); // a nested section ends: still at the ceiling
+            let nested_done = rt();
+            drop(outer);
+            (before, inside, nested_done, rt(), nice_of(tid))
+        })
+        .join()
+        .unwrap();
+        assert_eq!(seen, (false, true, true, false, 5));
+    }
+
     use crate::context;
     use crate::sys::{thread_ioprio, IoPriority};
 

@@ -40,12 +40,16 @@ pub(crate) use inherit::propagate;
 pub use inherit::{InheritKind, CHAIN_DEPTH_MAX};
 #[cfg(not(loom))]
 pub use mirror::{
-    background_nice, kernel_mirror, set_background, set_background_nice, set_kernel_mirror,
+    background_nice, ceiling, kernel_mirror, lock_ceiling, set_background, set_background_nice,
+    set_kernel_mirror, set_lock_ceiling, CeilingGuard,
 };
 /// Under loom there is no kernel to mirror into: marking a thread
 /// background changes nothing the models check.
 #[cfg(loom)]
 pub fn set_background() {}
+/// Under loom there is no kernel scheduler: a ceiling section is a no-op.
+#[cfg(loom)]
+pub fn ceiling() {}
 pub use crate::class::Class;
 pub use registry::{lookup, registered_count};
 pub use task::{Task, TaskId, TaskRef};

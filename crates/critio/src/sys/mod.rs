@@ -1,6 +1,7 @@
 //! The kernel's per-thread and per-request I/O priority: the `ioprio_set(2)`
 //! and `ioprio_get(2)` system calls, and the typed priorities critio hands
-//! the kernel for each class.
+//! the kernel for each class; and the one scheduling-policy call the lock
+//! ceiling needs (`sched_setscheduler(2)`, `context::ceiling`).
 //!
 //! Two layers hand a class to the kernel as an I/O priority: `device`
 //! (the `uring` backend in each request's SQE, the `pool` backend's
@@ -21,7 +22,7 @@
 //!
 //! | module | what                                                          |
 //! |--------|---------------------------------------------------------------|
-//! | `raw`  | the two system calls and the kernel's 16-bit priority layout  |
+//! | `raw`  | the system calls and the kernel's 16-bit priority layout      |
 //! | `prio` | [`IoPriority`], [`ClassPriorities`], the thread functions     |
 //! | `disk` | the disk under a path: name, I/O scheduler, queue depth (sysfs) |
 //!
@@ -32,8 +33,10 @@
 
 mod disk;
 mod prio;
-#[allow(unsafe_code)] // the ioprio system calls: `libc::syscall`
+#[allow(unsafe_code)] // the ioprio system calls (`libc::syscall`), sched_setscheduler
 mod raw;
+
+pub use raw::{current_thread_is_realtime, set_current_thread_realtime};
 
 pub use disk::{active_scheduler, disk_of, Disk};
 pub use prio::{

@@ -84,3 +84,40 @@ pub fn ioprio_get(tid: i32) -> io::Result<u16> {
         )
     })
 }
+
+/// The real-time priority a thread in a ceiling section runs at
+/// (`SCHED_FIFO`, the lowest real-time level: above every normal thread,
+/// below anything the administrator made real-time).
+const CEILING_RT_PRIORITY: libc::c_int = 1;
+
+/// Puts the calling thread in `SCHED_FIFO` at the lowest real-time level
+/// (`realtime`), or back in `SCHED_OTHER` (its nice value is kept: the
+/// kernel stores it apart from the policy).
+pub fn set_current_thread_realtime(realtime: bool) -> io::Result<()> {
+    let (policy, priority) = match realtime {
+        true => (libc::SCHED_FIFO, CEILING_RT_PRIORITY),
+        false => (libc::SCHED_OTHER, 0),
+    };
+    let param = libc::sched_param {
+        sched_priority: priority,
+    };
+    // SAFETY: `sched_setscheduler(0, policy, &param)` reads one
+    // `sched_param` that lives on this stack for the whole call and writes
+    // no memory of this process; failure is -1/errno, checked below.
+    let rc = unsafe { libc::sched_setscheduler(0, policy, &param) };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Whether the calling thread runs under `SCHED_FIFO` (tests and tools).
+pub fn current_thread_is_realtime() -> io::Result<bool> {
+    // SAFETY: `sched_getscheduler(0)` takes an integer and touches no
+    // memory of this process; it returns the policy or -1/errno.
+    let rc = unsafe { libc::sched_getscheduler(0) };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(rc == libc::SCHED_FIFO)
+}
