@@ -199,6 +199,7 @@ fn describe_settings(
     );
     let nice = match effective.context.background_nice {
         0 => "off".to_owned(),
+        n if effective.context.background_idle => format!("{n} and SCHED_IDLE"),
         n => n.to_string(),
     };
     let nice_from = source(

@@ -11,6 +11,7 @@
 //! kernel_mirror = false    # mirror each thread's class into ioprio_set
 //! background_nice = 10     # CPU nice of background threads while non-critical
 //! lock_ceiling = true      # background sections holding request locks run real-time
+//! background_idle = false  # background threads also SCHED_IDLE while non-critical
 //!
 //! [sync]
 //! inheritance = true       # owners/helpers inherit from critical waiters
@@ -114,6 +115,14 @@ pub struct ContextConfig {
     /// `RLIMIT_RTPRIO >= 1`; without, it stays off with a note. Default:
     /// true.
     pub lock_ceiling: bool,
+    /// Put background threads, while non-critical, in `SCHED_IDLE` as
+    /// well (they still run at nice 0, `SCHED_OTHER`, while they inherit).
+    /// The kernel then counts a CPU running only them as idle when it
+    /// places a waking request thread, and preempts them at once; they also
+    /// get less of a busy CPU than at nice 19. Needs `background_nice`
+    /// above 0. Process-wide: on from the first stack that asks for it.
+    /// Default: false.
+    pub background_idle: bool,
 }
 
 impl Default for ContextConfig {
@@ -122,6 +131,7 @@ impl Default for ContextConfig {
             kernel_mirror: false,
             background_nice: 10,
             lock_ceiling: true,
+            background_idle: false,
         }
     }
 }

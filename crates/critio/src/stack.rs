@@ -228,6 +228,11 @@ impl Stack {
         if let Err(why) = crate::context::set_background_nice(config.context.background_nice) {
             notes.push(format!("context.background_nice: {why}"));
         }
+        if config.context.background_idle && config.context.background_nice > 0 {
+            if let Err(why) = crate::context::set_background_idle(true) {
+                notes.push(format!("context.background_idle: {why}"));
+            }
+        }
         if let Err(why) = crate::context::set_lock_ceiling(config.context.lock_ceiling) {
             notes.push(format!("context.lock_ceiling: {why}"));
         }

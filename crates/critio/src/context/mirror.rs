@@ -14,6 +14,15 @@
 //!   I/O it submits) runs at full speed: static CPU priorities would leave
 //!   that request waiting on a starved thread; inheritance does not.
 //!
+//! - **Idle policy** (`context.background_idle`, off by default): a
+//!   background thread also goes to `SCHED_IDLE` while non-critical. The
+//!   kernel then counts a CPU running only such threads as idle when it
+//!   places a waking request thread, instead of queueing the request
+//!   behind the client on the other CPU. A trade: under a BGSAVE and
+//!   BGREWRITEAOF loop on a 2-CPU machine (vda, two pairs), GETs went from
+//!   28.7k and 33.4k/s to 41.9k and 39.9k/s and their p99.9 from 12.2 and
+//!   10.5 ms to 6.9 and 6.9 ms, while the background completed 0.58 and
+//!   0.54 jobs/s instead of 0.71 and 0.81.
 //! - **Lock ceiling** (`context.lock_ceiling`, on by default): inheritance
 //!   raises a lock holder once a request waits for it, but the kernel may
 //!   already have preempted the holder midway through its section, and a
@@ -40,13 +49,50 @@ use std::sync::RwLock;
 
 use super::task::Task;
 use crate::sys::{
-    set_current_thread_realtime, set_thread_ioprio, set_thread_ioprio_or_fallback, ClassPriorities,
-    IoPriority,
+    set_current_thread_realtime, set_thread_ioprio, set_thread_ioprio_or_fallback,
+    set_thread_sched_idle, ClassPriorities, IoPriority,
 };
 
 static ON: AtomicBool = AtomicBool::new(false);
 static PRIORITIES: RwLock<Option<ClassPriorities>> = RwLock::new(None);
 static BACKGROUND_NICE: AtomicI32 = AtomicI32::new(0);
+static BACKGROUND_IDLE: AtomicBool = AtomicBool::new(false);
+
+/// Puts background threads, while non-critical, in `SCHED_IDLE` as well
+/// as at the background nice (`on`), after checking that a thread can
+/// leave `SCHED_IDLE` again. Threads already marked are re-mirrored.
+pub fn set_background_idle(on: bool) -> Result<(), String> {
+    if on {
+        let probe = std::thread::spawn(|| -> Result<(), String> {
+            set_thread_sched_idle(0, true)
+                .map_err(|e| format!("cannot put a thread in SCHED_IDLE: {e}"))?;
+            set_thread_sched_idle(0, false).map_err(|e| {
+                format!("cannot take a thread out of SCHED_IDLE: {e}; background threads stay SCHED_OTHER")
+            })
+        });
+        if let Err(why) = probe
+            .join()
+            .unwrap_or_else(|_| Err("the probe thread panicked".into()))
+        {
+            BACKGROUND_IDLE.store(false, Ordering::SeqCst);
+            return Err(why);
+        }
+    }
+    if BACKGROUND_IDLE.swap(on, Ordering::SeqCst) != on {
+        for task in super::registry::all() {
+            let applied = *task.nice().lock();
+            if let Some(nice) = applied {
+                let _ = set_thread_sched_idle(task.os_tid(), on && nice > 0);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Whether background threads go to `SCHED_IDLE` while non-critical.
+pub fn background_idle() -> bool {
+    BACKGROUND_IDLE.load(Ordering::SeqCst)
+}
 
 /// Sets the nice value of background threads while non-critical (0: off),
 /// after checking that a thread lowered to it can be raised back to 0
@@ -120,8 +166,14 @@ fn mirror_cpu(task: &Task) {
     let pid = rustix::process::Pid::from_raw(task.os_tid());
     // Best effort: a thread that exited, or a refused raise, changes only
     // speed (set_background_nice checked that raising works).
+    if want == 0 && background_idle() {
+        let _ = set_thread_sched_idle(task.os_tid(), false);
+    }
     if rustix::process::setpriority_process(pid, want).is_ok() {
         *applied = Some(want);
+    }
+    if want > 0 && background_idle() {
+        let _ = set_thread_sched_idle(task.os_tid(), true);
     }
 }
 
@@ -194,8 +246,15 @@ impl Drop for CeilingGuard {
         CEILING_HELD.with(|held| {
             let (depth, raised) = held.get();
             if depth == 1 && raised {
-                // Best effort: leaving real-time cannot be refused.
+                // Best effort: leaving real-time cannot be refused. A
+                // background thread goes back to SCHED_IDLE if that is
+                // where its class puts it.
                 let _ = set_current_thread_realtime(false);
+                let task = super::current();
+                let applied = *task.nice().lock();
+                if applied.is_some_and(|n| n > 0) && background_idle() {
+                    let _ = set_thread_sched_idle(0, true);
+                }
             }
             held.set((depth - 1, raised && depth > 1));
         });
@@ -248,8 +307,13 @@ mod tests {
             .unwrap()
     }
 
+    /// The CPU tests change the process-wide background settings: one at a
+    /// time.
+    static CPU_SETTINGS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
     #[test]
     fn a_background_thread_runs_at_full_speed_while_a_request_waits_for_it() {
+        let _one = CPU_SETTINGS.lock().unwrap_or_else(|e| e.into_inner());
         use crate::sync::Mutex;
         use std::sync::{mpsc, Arc};
         if let Err(why) = set_background_nice(10) {
@@ -292,6 +356,65 @@ mod tests {
         assert_eq!(boosted, 0, "inheriting: full speed");
         assert_eq!(after, 10, "revoked: background again");
     }
+    #[test]
+    fn a_background_thread_is_sched_idle_until_a_request_waits_for_it() {
+        use crate::sync::Mutex;
+        use crate::sys::thread_is_sched_idle;
+        use std::sync::{mpsc, Arc};
+        let _one = CPU_SETTINGS.lock().unwrap_or_else(|e| e.into_inner());
+        if let Err(why) = set_background_nice(10).and_then(|()| set_background_idle(true)) {
+            eprintln!("skipped: {why}");
+            return;
+        }
+        let lock = Arc::new(Mutex::named("t-cpu-idle", ()));
+        let (held_tx, held_rx) = mpsc::channel();
+        let (go_tx, go_rx) = mpsc::channel::<()>();
+        let bg = {
+            let lock = lock.clone();
+            std::thread::spawn(move || {
+                set_background();
+                drop(ceiling()); // leaves the ceiling for where its class puts it
+                let guard = lock.lock();
+                let tid = crate::context::current().os_tid();
+                held_tx
+                    .send((tid, thread_is_sched_idle(0).unwrap()))
+                    .unwrap();
+                go_rx.recv().unwrap(); // a foreground waiter is queued now
+                let boosted = thread_is_sched_idle(0).unwrap();
+                let in_ceiling = {
+                    let _c = ceiling();
+                    thread_is_sched_idle(0).unwrap()
+                };
+                drop(guard);
+                (boosted, in_ceiling, thread_is_sched_idle(0).unwrap())
+            })
+        };
+        let (tid, idle) = held_rx.recv().unwrap();
+        let fg = {
+            let lock = lock.clone();
+            std::thread::spawn(move || {
+                crate::context::set_foreground();
+                drop(lock.lock());
+            })
+        };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while thread_is_sched_idle(tid).unwrap() && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        go_tx.send(()).unwrap();
+        let (boosted, in_ceiling, after) = bg.join().unwrap();
+        fg.join().unwrap();
+        set_background_idle(false).unwrap();
+        set_background_nice(0).unwrap();
+        assert!(
+            idle,
+            "non-critical, after a ceiling section too: SCHED_IDLE"
+        );
+        assert!(!boosted, "inheriting: SCHED_OTHER");
+        assert!(!in_ceiling, "in a ceiling section: not SCHED_IDLE");
+        assert!(after, "revoked: SCHED_IDLE again");
+    }
+
     #[test]
     fn a_ceiling_section_runs_real_time_and_leaves_the_nice_as_it_was() {
         use crate::sys::current_thread_is_realtime;

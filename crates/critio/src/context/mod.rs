@@ -40,8 +40,8 @@ pub(crate) use inherit::propagate;
 pub use inherit::{InheritKind, CHAIN_DEPTH_MAX};
 #[cfg(not(loom))]
 pub use mirror::{
-    background_nice, ceiling, kernel_mirror, lock_ceiling, set_background, set_background_nice,
-    set_kernel_mirror, set_lock_ceiling, CeilingGuard,
+    background_idle, background_nice, ceiling, kernel_mirror, lock_ceiling, set_background,
+    set_background_idle, set_background_nice, set_kernel_mirror, set_lock_ceiling, CeilingGuard,
 };
 /// Under loom there is no kernel to mirror into: marking a thread
 /// background changes nothing the models check.

@@ -36,7 +36,10 @@ mod prio;
 #[allow(unsafe_code)] // the ioprio system calls (`libc::syscall`), sched_setscheduler
 mod raw;
 
-pub use raw::{current_thread_is_realtime, set_current_thread_realtime};
+pub use raw::{
+    current_thread_is_realtime, set_current_thread_realtime, set_thread_sched_idle,
+    thread_is_sched_idle,
+};
 
 pub use disk::{active_scheduler, disk_of, Disk};
 pub use prio::{

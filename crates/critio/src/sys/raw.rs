@@ -121,3 +121,32 @@ pub fn current_thread_is_realtime() -> io::Result<bool> {
     }
     Ok(rc == libc::SCHED_FIFO)
 }
+
+/// Puts thread `tid` (0: the calling thread) in `SCHED_IDLE` (`idle`) or
+/// back in `SCHED_OTHER` (its nice value is kept).
+pub fn set_thread_sched_idle(tid: i32, idle: bool) -> io::Result<()> {
+    let policy = match idle {
+        true => libc::SCHED_IDLE,
+        false => libc::SCHED_OTHER,
+    };
+    let param = libc::sched_param { sched_priority: 0 };
+    // SAFETY: `sched_setscheduler(tid, policy, &param)` reads one
+    // `sched_param` that lives on this stack for the whole call and writes
+    // no memory of this process; failure is -1/errno, checked below.
+    let rc = unsafe { libc::sched_setscheduler(tid, policy, &param) };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Whether thread `tid` (0: the calling thread) runs under `SCHED_IDLE`.
+pub fn thread_is_sched_idle(tid: i32) -> io::Result<bool> {
+    // SAFETY: `sched_getscheduler(tid)` takes an integer and touches no
+    // memory of this process; it returns the policy or -1/errno.
+    let rc = unsafe { libc::sched_getscheduler(tid) };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(rc == libc::SCHED_IDLE)
+}
