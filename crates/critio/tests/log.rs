@@ -978,3 +978,55 @@ fn a_foreground_commit_makes_the_busy_log_writer_critical() {
         "a critical commit wait was recorded"
     );
 }
+
+/// A batch holding a record a critical task appended is written critical
+/// from the start, before that task reaches its commit wait (the writer
+/// usually takes the batch first); a batch of background records is not.
+#[test]
+fn a_batch_a_critical_task_appended_to_is_written_critical_before_anyone_waits() {
+    let gate = GateDevice::new(32);
+    let dev: Arc<dyn Device> = gate.clone();
+    let cfg = small_cfg();
+    let log = Arc::new(pumped(&gate, || open(&dev, &cfg).0));
+    let data = ring_offset(&cfg, 0);
+    let n0 = gate.arrivals().len();
+
+    let lsn = {
+        let log = log.clone();
+        std::thread::spawn(move || {
+            context::set_foreground();
+            log.append(b"foreground").unwrap() // no commit: nobody waits
+        })
+        .join()
+        .unwrap()
+    };
+    gate.wait_arrivals(n0 + 1);
+    let written = gate.arrivals()[n0];
+    // Released before asserting, so a failure does not leave the writer
+    // stuck at the gate.
+    pumped(&gate, || log.commit(lsn).unwrap());
+    assert_eq!(
+        written,
+        (data, Class::Critical),
+        "the write of a critical task's record, with nobody waiting for it"
+    );
+    assert_eq!(gate.arrivals()[n0 + 1], (0, Class::Critical), "its flush");
+
+    let n1 = gate.arrivals().len();
+    let background = {
+        let log = log.clone();
+        std::thread::spawn(move || log.append_commit(b"background").unwrap())
+    };
+    gate.wait_arrivals(n1 + 1);
+    let written = gate.arrivals()[n1];
+    while !background.is_finished() {
+        gate.release_all();
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(
+        written,
+        (data + BLOCK, Class::NonCritical),
+        "a batch of background records stays background"
+    );
+    assert_eq!(background.join().unwrap(), lsn + 1);
+}

@@ -87,6 +87,9 @@ impl Log {
         let record = draft.seal(lsn, sh.epoch);
         st.pending_bytes += record.len() as u64;
         st.pending.push_back(record);
+        if crate::context::current_class() == crate::class::Class::Critical {
+            st.critical_lsn = lsn;
+        }
         st.next_lsn += 1;
         let wake = std::mem::take(&mut st.writer_idle);
         st.check_invariants();

@@ -86,10 +86,12 @@
 //!
 //! # What each class gets
 //!
-//! The writer runs in its own (background) class until a critical task
-//! waits on "log: commit wait"; then it inherits until that commit is
-//! acknowledged, and its write and flush (and any of its I/O already queued,
-//! through promotion) are served as critical. A background commit never
+//! A batch holding a record a critical task appended (or followed by one)
+//! is written and flushed critical from the start: that task is about to
+//! wait for it. Otherwise the writer runs in its own (background) class
+//! until a critical task waits on "log: commit wait"; then it inherits
+//! until that commit is acknowledged, and its write and flush (and any of
+//! its I/O already queued, through promotion) are served as critical. A background commit never
 //! slows a foreground one beyond the batch already at the device. Appenders
 //! blocked for space ("log: space wait") make its helpers inherit: the
 //! writer, and the checkpointer the engine registers with

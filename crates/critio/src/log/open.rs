@@ -86,6 +86,7 @@ impl Log {
             closing: false,
             writer_done: false,
             writer_idle: false,
+            critical_lsn: 0,
             stats: LogStats::default(),
         };
         state.check_invariants();

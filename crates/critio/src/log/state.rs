@@ -68,6 +68,11 @@ pub(crate) struct State {
     pub(crate) writer_done: bool,
     /// The writer waits for work (appenders wake it).
     pub(crate) writer_idle: bool,
+    /// The last record a critical task appended (0: none yet). A batch
+    /// from `first` on is written critical if this is at least `first`:
+    /// that task is about to wait for it, or for a later record that
+    /// cannot be durable before it.
+    pub(crate) critical_lsn: Lsn,
     pub(crate) stats: LogStats,
 }
 

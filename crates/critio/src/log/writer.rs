@@ -8,7 +8,9 @@
 //!        │ place the batch in the ring ── no room ──> wait "log: space wait"
 //!        │                                            (give up if closing)
 //!    unlock; write the batch, flush        <- synchronous, in the writer's class:
-//!        │                                    critical while it inherits from a
+//!        │                                    critical if a critical task appended
+//!        │                                    one of its records (or a later one),
+//!        │                                    or while it inherits from a
 //!        │                                    critical committer
 //!    lock state: durable_lsn = last, or poison; notify "log: commit wait"
 //! ```
@@ -16,6 +18,12 @@
 //! The writer is the explicit helper of "log: commit wait" (registered by
 //! `open`): whenever a critical task waits there, the writer inherits, and
 //! the chain walk carries that to the I/O it is blocked on.
+//!
+//! A batch holding a record a critical task appended is written critical
+//! from the start, without waiting for that task to reach its commit
+//! wait: the writer usually takes the batch first, and its write would
+//! then enter the block layer as background, behind the background queue
+//! and on the shared ring, until the commit wait promotes it.
 
 use std::sync::Arc;
 
@@ -28,6 +36,8 @@ use crate::device::AlignedBuf;
 struct Batch {
     /// Its number (which commit queue waits for it).
     seq: u64,
+    /// A critical task appended one of its records, or a later one.
+    critical: bool,
     first: Lsn,
     last: Lsn,
     start_v: u64,
@@ -39,7 +49,9 @@ struct Batch {
 pub(crate) fn run(sh: Arc<Shared>) {
     let _exit = Exit(&sh);
     while let Some(batch) = next_batch(&sh) {
+        let critical = batch.critical.then(crate::context::foreground);
         let result = write_batch(&sh, &batch);
+        drop(critical);
         finish(&sh, &batch, result);
     }
 }
@@ -95,6 +107,7 @@ fn next_batch(sh: &Shared) -> Option<Batch> {
         st.pending_bytes -= bytes;
         st.ring.push(first, start_v, padded);
         let last = first + count as u64 - 1;
+        let critical = st.critical_lsn >= first;
         st.inflight = Some((first, last));
         let seq = st.batches_taken;
         st.batches_taken += 1;
@@ -103,6 +116,7 @@ fn next_batch(sh: &Shared) -> Option<Batch> {
         sh.space_cv.notify_all(); // pending room freed
         return Some(Batch {
             seq,
+            critical,
             first,
             last,
             start_v,
