@@ -50,7 +50,7 @@ use std::sync::RwLock;
 use super::task::Task;
 use crate::sys::{
     set_current_thread_realtime, set_thread_ioprio, set_thread_ioprio_or_fallback,
-    set_thread_sched_idle, ClassPriorities, IoPriority,
+    set_thread_sched_idle, thread_is_realtime, ClassPriorities, IoPriority,
 };
 
 static ON: AtomicBool = AtomicBool::new(false);
@@ -166,13 +166,16 @@ fn mirror_cpu(task: &Task) {
     let pid = rustix::process::Pid::from_raw(task.os_tid());
     // Best effort: a thread that exited, or a refused raise, changes only
     // speed (set_background_nice checked that raising works).
-    if want == 0 && background_idle() {
+    // The policy is left alone while the thread is at the lock ceiling
+    // (real-time): leaving the ceiling applies the one its class wants.
+    let policy = background_idle() && !thread_is_realtime(task.os_tid()).unwrap_or(true);
+    if want == 0 && policy {
         let _ = set_thread_sched_idle(task.os_tid(), false);
     }
     if rustix::process::setpriority_process(pid, want).is_ok() {
         *applied = Some(want);
     }
-    if want > 0 && background_idle() {
+    if want > 0 && policy {
         let _ = set_thread_sched_idle(task.os_tid(), true);
     }
 }
@@ -313,9 +316,9 @@ mod tests {
 
     #[test]
     fn a_background_thread_runs_at_full_speed_while_a_request_waits_for_it() {
-        let _one = CPU_SETTINGS.lock().unwrap_or_else(|e| e.into_inner());
         use crate::sync::Mutex;
         use std::sync::{mpsc, Arc};
+        let _one = CPU_SETTINGS.lock().unwrap_or_else(|e| e.into_inner());
         if let Err(why) = set_background_nice(10) {
             eprintln!("skipped: {why}");
             return;
@@ -356,6 +359,7 @@ mod tests {
         assert_eq!(boosted, 0, "inheriting: full speed");
         assert_eq!(after, 10, "revoked: background again");
     }
+
     #[test]
     fn a_background_thread_is_sched_idle_until_a_request_waits_for_it() {
         use crate::sync::Mutex;

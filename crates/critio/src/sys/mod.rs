@@ -38,7 +38,7 @@ mod raw;
 
 pub use raw::{
     current_thread_is_realtime, set_current_thread_realtime, set_thread_sched_idle,
-    thread_is_sched_idle,
+    thread_is_realtime, thread_is_sched_idle,
 };
 
 pub use disk::{active_scheduler, disk_of, Disk};

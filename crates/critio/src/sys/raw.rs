@@ -113,9 +113,14 @@ pub fn set_current_thread_realtime(realtime: bool) -> io::Result<()> {
 
 /// Whether the calling thread runs under `SCHED_FIFO` (tests and tools).
 pub fn current_thread_is_realtime() -> io::Result<bool> {
-    // SAFETY: `sched_getscheduler(0)` takes an integer and touches no
+    thread_is_realtime(0)
+}
+
+/// Whether thread `tid` (0: the calling thread) runs under `SCHED_FIFO`.
+pub fn thread_is_realtime(tid: i32) -> io::Result<bool> {
+    // SAFETY: `sched_getscheduler(tid)` takes an integer and touches no
     // memory of this process; it returns the policy or -1/errno.
-    let rc = unsafe { libc::sched_getscheduler(0) };
+    let rc = unsafe { libc::sched_getscheduler(tid) };
     if rc < 0 {
         return Err(io::Error::last_os_error());
     }
