@@ -314,15 +314,16 @@ mod tests {
     /// time.
     static CPU_SETTINGS: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
-    #[test]
-    fn a_background_thread_runs_at_full_speed_while_a_request_waits_for_it() {
+    /// A background thread takes a lock; a foreground thread then waits for
+    /// it. Returns what `seen` reads of the holder (by tid) while it is
+    /// non-critical, while it inherits (once `seen` changes), and after it
+    /// released the lock and was revoked.
+    fn held_then_waited_for<T>(seen: fn(i32) -> T) -> (T, T, T)
+    where
+        T: PartialEq + Send + 'static,
+    {
         use crate::sync::Mutex;
         use std::sync::{mpsc, Arc};
-        let _one = CPU_SETTINGS.lock().unwrap_or_else(|e| e.into_inner());
-        if let Err(why) = set_background_nice(10) {
-            eprintln!("skipped: {why}");
-            return;
-        }
         let lock = Arc::new(Mutex::named("t-cpu-mirror", ()));
         let (held_tx, held_rx) = mpsc::channel();
         let (go_tx, go_rx) = mpsc::channel::<()>();
@@ -332,11 +333,11 @@ mod tests {
                 set_background();
                 let tid = crate::context::current().os_tid();
                 let guard = lock.lock();
-                held_tx.send((tid, nice_of(tid))).unwrap();
+                held_tx.send((tid, seen(tid))).unwrap();
                 go_rx.recv().unwrap(); // a foreground waiter is queued now
-                let boosted = nice_of(tid);
+                let boosted = seen(tid);
                 drop(guard);
-                (boosted, nice_of(tid))
+                (boosted, seen(tid))
             })
         };
         let (tid, idle) = held_rx.recv().unwrap();
@@ -348,12 +349,23 @@ mod tests {
             })
         };
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        while nice_of(tid) != 0 && std::time::Instant::now() < deadline {
+        while seen(tid) == idle && std::time::Instant::now() < deadline {
             std::thread::sleep(std::time::Duration::from_millis(1));
         }
         go_tx.send(()).unwrap();
         let (boosted, after) = bg.join().unwrap();
         fg.join().unwrap();
+        (idle, boosted, after)
+    }
+
+    #[test]
+    fn a_background_thread_runs_at_full_speed_while_a_request_waits_for_it() {
+        let _one = CPU_SETTINGS.lock().unwrap_or_else(|e| e.into_inner());
+        if let Err(why) = set_background_nice(10) {
+            eprintln!("skipped: {why}");
+            return;
+        }
+        let (idle, boosted, after) = held_then_waited_for(nice_of);
         set_background_nice(0).unwrap();
         assert_eq!(idle, 10, "non-critical: the background nice");
         assert_eq!(boosted, 0, "inheriting: full speed");
@@ -362,60 +374,36 @@ mod tests {
 
     #[test]
     fn a_background_thread_is_sched_idle_until_a_request_waits_for_it() {
-        use crate::sync::Mutex;
         use crate::sys::thread_is_sched_idle;
-        use std::sync::{mpsc, Arc};
         let _one = CPU_SETTINGS.lock().unwrap_or_else(|e| e.into_inner());
-        if let Err(why) = set_background_nice(10).and_then(|()| set_background_idle(true)) {
+        let on = set_background_nice(10)
+            .and_then(|()| set_background_idle(true))
+            .and_then(|()| set_lock_ceiling(true));
+        if let Err(why) = on {
             eprintln!("skipped: {why}");
             return;
         }
-        let lock = Arc::new(Mutex::named("t-cpu-idle", ()));
-        let (held_tx, held_rx) = mpsc::channel();
-        let (go_tx, go_rx) = mpsc::channel::<()>();
-        let bg = {
-            let lock = lock.clone();
-            std::thread::spawn(move || {
-                set_background();
-                drop(ceiling()); // leaves the ceiling for where its class puts it
-                let guard = lock.lock();
-                let tid = crate::context::current().os_tid();
-                held_tx
-                    .send((tid, thread_is_sched_idle(0).unwrap()))
-                    .unwrap();
-                go_rx.recv().unwrap(); // a foreground waiter is queued now
-                let boosted = thread_is_sched_idle(0).unwrap();
-                let in_ceiling = {
-                    let _c = ceiling();
-                    thread_is_sched_idle(0).unwrap()
-                };
-                drop(guard);
-                (boosted, in_ceiling, thread_is_sched_idle(0).unwrap())
-            })
-        };
-        let (tid, idle) = held_rx.recv().unwrap();
-        let fg = {
-            let lock = lock.clone();
-            std::thread::spawn(move || {
-                crate::context::set_foreground();
-                drop(lock.lock());
-            })
-        };
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        while thread_is_sched_idle(tid).unwrap() && std::time::Instant::now() < deadline {
-            std::thread::sleep(std::time::Duration::from_millis(1));
-        }
-        go_tx.send(()).unwrap();
-        let (boosted, in_ceiling, after) = bg.join().unwrap();
-        fg.join().unwrap();
+        let sections = std::thread::spawn(|| {
+            set_background();
+            let inside = {
+                let _c = ceiling();
+                thread_is_sched_idle(0).unwrap()
+            };
+            (inside, thread_is_sched_idle(0).unwrap())
+        })
+        .join()
+        .unwrap();
+        let is_idle = |tid| thread_is_sched_idle(tid).unwrap();
+        let (idle, boosted, after) = held_then_waited_for(is_idle);
         set_background_idle(false).unwrap();
         set_background_nice(0).unwrap();
-        assert!(
-            idle,
-            "non-critical, after a ceiling section too: SCHED_IDLE"
+        assert_eq!(
+            sections,
+            (false, true),
+            "at the ceiling: not SCHED_IDLE; after it: SCHED_IDLE again"
         );
+        assert!(idle, "non-critical: SCHED_IDLE");
         assert!(!boosted, "inheriting: SCHED_OTHER");
-        assert!(!in_ceiling, "in a ceiling section: not SCHED_IDLE");
         assert!(after, "revoked: SCHED_IDLE again");
     }
 
