@@ -63,17 +63,13 @@ static BACKGROUND_IDLE: AtomicBool = AtomicBool::new(false);
 /// leave `SCHED_IDLE` again. Threads already marked are re-mirrored.
 pub fn set_background_idle(on: bool) -> Result<(), String> {
     if on {
-        let probe = std::thread::spawn(|| -> Result<(), String> {
+        if let Err(why) = probe(|| {
             set_thread_sched_idle(0, true)
                 .map_err(|e| format!("cannot put a thread in SCHED_IDLE: {e}"))?;
             set_thread_sched_idle(0, false).map_err(|e| {
                 format!("cannot take a thread out of SCHED_IDLE: {e}; background threads stay SCHED_OTHER")
             })
-        });
-        if let Err(why) = probe
-            .join()
-            .unwrap_or_else(|_| Err("the probe thread panicked".into()))
-        {
+        }) {
             BACKGROUND_IDLE.store(false, Ordering::SeqCst);
             return Err(why);
         }
@@ -102,7 +98,7 @@ pub fn background_idle() -> bool {
 pub fn set_background_nice(nice: i32) -> Result<(), String> {
     assert!((0..=19).contains(&nice), "nice {nice} outside 0..=19");
     if nice > 0 {
-        let probe = std::thread::spawn(move || -> Result<(), String> {
+        if let Err(why) = probe(move || {
             let me = Some(
                 rustix::process::Pid::from_raw(rustix::thread::gettid().as_raw_nonzero().get())
                     .expect("a tid is a pid"),
@@ -115,11 +111,7 @@ pub fn set_background_nice(nice: i32) -> Result<(), String> {
                      background threads keep the normal CPU priority"
                 )
             })
-        });
-        if let Err(why) = probe
-            .join()
-            .unwrap_or_else(|_| Err("the probe thread panicked".into()))
-        {
+        }) {
             BACKGROUND_NICE.store(0, Ordering::SeqCst);
             return Err(why);
         }
@@ -182,6 +174,14 @@ fn mirror_cpu(task: &Task) {
 
 static CEILING: AtomicBool = AtomicBool::new(false);
 
+/// Runs `check` on a thread of its own (whose scheduling it may change and
+/// leave behind): whether a setting can be applied and undone here.
+fn probe(check: impl FnOnce() -> Result<(), String> + Send + 'static) -> Result<(), String> {
+    std::thread::spawn(check)
+        .join()
+        .unwrap_or_else(|_| Err("the probe thread panicked".into()))
+}
+
 thread_local! {
     /// Ceiling guards this thread holds, and whether its outermost one
     /// made it real-time.
@@ -194,17 +194,13 @@ thread_local! {
 /// says why.
 pub fn set_lock_ceiling(on: bool) -> Result<(), String> {
     if on {
-        let probe = std::thread::spawn(|| -> Result<(), String> {
+        if let Err(why) = probe(|| {
             set_current_thread_realtime(true)
                 .map_err(|e| format!("cannot run a thread real-time (needs CAP_SYS_NICE or RLIMIT_RTPRIO >= 1): {e}; the lock ceiling stays off"))?;
             set_current_thread_realtime(false).map_err(|e| {
                 format!("cannot return a thread from real-time: {e}; the lock ceiling stays off")
             })
-        });
-        if let Err(why) = probe
-            .join()
-            .unwrap_or_else(|_| Err("the probe thread panicked".into()))
-        {
+        }) {
             CEILING.store(false, Ordering::SeqCst);
             return Err(why);
         }
