@@ -49,8 +49,8 @@ use std::sync::RwLock;
 
 use super::task::Task;
 use crate::sys::{
-    set_current_thread_realtime, set_thread_ioprio, set_thread_ioprio_or_fallback,
-    set_thread_sched_idle, thread_is_realtime, ClassPriorities, IoPriority,
+    set_thread_ioprio, set_thread_ioprio_or_fallback, set_thread_policy, thread_policy,
+    ClassPriorities, IoPriority, SchedPolicy,
 };
 
 static ON: AtomicBool = AtomicBool::new(false);
@@ -64,9 +64,9 @@ static BACKGROUND_IDLE: AtomicBool = AtomicBool::new(false);
 pub fn set_background_idle(on: bool) -> Result<(), String> {
     if on {
         if let Err(why) = probe(|| {
-            set_thread_sched_idle(0, true)
+            set_thread_policy(0, SchedPolicy::Idle)
                 .map_err(|e| format!("cannot put a thread in SCHED_IDLE: {e}"))?;
-            set_thread_sched_idle(0, false).map_err(|e| {
+            set_thread_policy(0, SchedPolicy::Normal).map_err(|e| {
                 format!("cannot take a thread out of SCHED_IDLE: {e}; background threads stay SCHED_OTHER")
             })
         }) {
@@ -78,7 +78,11 @@ pub fn set_background_idle(on: bool) -> Result<(), String> {
         for task in super::registry::all() {
             let applied = *task.nice().lock();
             if let Some(nice) = applied {
-                let _ = set_thread_sched_idle(task.os_tid(), on && nice > 0);
+                let policy = match on && nice > 0 {
+                    true => SchedPolicy::Idle,
+                    false => SchedPolicy::Normal,
+                };
+                let _ = set_thread_policy(task.os_tid(), policy);
             }
         }
     }
@@ -160,15 +164,16 @@ fn mirror_cpu(task: &Task) {
     // speed (set_background_nice checked that raising works).
     // The policy is left alone while the thread is at the lock ceiling
     // (real-time): leaving the ceiling applies the one its class wants.
-    let policy = background_idle() && !thread_is_realtime(task.os_tid()).unwrap_or(true);
+    let policy =
+        background_idle() && thread_policy(task.os_tid()).is_ok_and(|p| p != SchedPolicy::Realtime);
     if want == 0 && policy {
-        let _ = set_thread_sched_idle(task.os_tid(), false);
+        let _ = set_thread_policy(task.os_tid(), SchedPolicy::Normal);
     }
     if rustix::process::setpriority_process(pid, want).is_ok() {
         *applied = Some(want);
     }
     if want > 0 && policy {
-        let _ = set_thread_sched_idle(task.os_tid(), true);
+        let _ = set_thread_policy(task.os_tid(), SchedPolicy::Idle);
     }
 }
 
@@ -195,9 +200,9 @@ thread_local! {
 pub fn set_lock_ceiling(on: bool) -> Result<(), String> {
     if on {
         if let Err(why) = probe(|| {
-            set_current_thread_realtime(true)
+            set_thread_policy(0, SchedPolicy::Realtime)
                 .map_err(|e| format!("cannot run a thread real-time (needs CAP_SYS_NICE or RLIMIT_RTPRIO >= 1): {e}; the lock ceiling stays off"))?;
-            set_current_thread_realtime(false).map_err(|e| {
+            set_thread_policy(0, SchedPolicy::Normal).map_err(|e| {
                 format!("cannot return a thread from real-time: {e}; the lock ceiling stays off")
             })
         }) {
@@ -224,7 +229,7 @@ pub fn ceiling() -> CeilingGuard {
     CEILING_HELD.with(|held| {
         let (depth, raised) = held.get();
         let raised = match depth {
-            0 => lock_ceiling() && set_current_thread_realtime(true).is_ok(),
+            0 => lock_ceiling() && set_thread_policy(0, SchedPolicy::Realtime).is_ok(),
             _ => raised,
         };
         held.set((depth + 1, raised));
@@ -248,11 +253,11 @@ impl Drop for CeilingGuard {
                 // Best effort: leaving real-time cannot be refused. A
                 // background thread goes back to SCHED_IDLE if that is
                 // where its class puts it.
-                let _ = set_current_thread_realtime(false);
+                let _ = set_thread_policy(0, SchedPolicy::Normal);
                 let task = super::current();
                 let applied = *task.nice().lock();
                 if applied.is_some_and(|n| n > 0) && background_idle() {
-                    let _ = set_thread_sched_idle(0, true);
+                    let _ = set_thread_policy(0, SchedPolicy::Idle);
                 }
             }
             held.set((depth - 1, raised && depth > 1));
@@ -368,9 +373,12 @@ mod tests {
         assert_eq!(after, 10, "revoked: background again");
     }
 
+    fn is_idle(tid: i32) -> bool {
+        thread_policy(tid).unwrap() == SchedPolicy::Idle
+    }
+
     #[test]
     fn a_background_thread_is_sched_idle_until_a_request_waits_for_it() {
-        use crate::sys::thread_is_sched_idle;
         let _one = CPU_SETTINGS.lock().unwrap_or_else(|e| e.into_inner());
         let on = set_background_nice(10)
             .and_then(|()| set_background_idle(true))
@@ -383,13 +391,12 @@ mod tests {
             set_background();
             let inside = {
                 let _c = ceiling();
-                thread_is_sched_idle(0).unwrap()
+                is_idle(0)
             };
-            (inside, thread_is_sched_idle(0).unwrap())
+            (inside, is_idle(0))
         })
         .join()
         .unwrap();
-        let is_idle = |tid| thread_is_sched_idle(tid).unwrap();
         let (idle, boosted, after) = held_then_waited_for(is_idle);
         set_background_idle(false).unwrap();
         set_background_nice(0).unwrap();
@@ -405,7 +412,6 @@ mod tests {
 
     #[test]
     fn a_ceiling_section_runs_real_time_and_leaves_the_nice_as_it_was() {
-        use crate::sys::current_thread_is_realtime;
         if let Err(why) = set_lock_ceiling(true) {
             eprintln!("skipped: {why}");
             return;
@@ -414,7 +420,7 @@ mod tests {
             let tid = crate::context::current().os_tid();
             let pid = rustix::process::Pid::from_raw(tid);
             rustix::process::setpriority_process(pid, 5).unwrap();
-            let rt = || current_thread_is_realtime().unwrap();
+            let rt = || thread_policy(0).unwrap() == SchedPolicy::Realtime;
             let before = rt();
             let outer = ceiling();
             let inside = rt();

@@ -91,8 +91,8 @@
 //! wait for it. Otherwise the writer runs in its own (background) class
 //! until a critical task waits on "log: commit wait"; then it inherits
 //! until that commit is acknowledged, and its write and flush (and any of
-//! its I/O already queued, through promotion) are served as critical. A background commit never
-//! slows a foreground one beyond the batch already at the device. Appenders
+//! its I/O already queued, through promotion) are served as critical. A
+//! background commit never slows a foreground one beyond the batch already at the device. Appenders
 //! blocked for space ("log: space wait") make its helpers inherit: the
 //! writer, and the checkpointer the engine registers with
 //! [`Log::register_space_helper`].

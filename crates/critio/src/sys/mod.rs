@@ -1,7 +1,8 @@
 //! The kernel's per-thread and per-request I/O priority: the `ioprio_set(2)`
 //! and `ioprio_get(2)` system calls, and the typed priorities critio hands
-//! the kernel for each class; and the one scheduling-policy call the lock
-//! ceiling needs (`sched_setscheduler(2)`, `context::ceiling`).
+//! the kernel for each class; and the thread's scheduling policy
+//! (`sched_setscheduler(2)`), which `context` sets for the lock ceiling
+//! and the background's idle policy.
 //!
 //! Two layers hand a class to the kernel as an I/O priority: `device`
 //! (the `uring` backend in each request's SQE, the `pool` backend's
@@ -36,10 +37,7 @@ mod prio;
 #[allow(unsafe_code)] // the ioprio system calls (`libc::syscall`), sched_setscheduler
 mod raw;
 
-pub use raw::{
-    current_thread_is_realtime, set_current_thread_realtime, set_thread_sched_idle,
-    thread_is_realtime, thread_is_sched_idle,
-};
+pub use raw::{set_thread_policy, thread_policy, SchedPolicy};
 
 pub use disk::{active_scheduler, disk_of, Disk};
 pub use prio::{

@@ -85,56 +85,37 @@ pub fn ioprio_get(tid: i32) -> io::Result<u16> {
     })
 }
 
-/// The real-time priority a thread in a ceiling section runs at
-/// (`SCHED_FIFO`, the lowest real-time level: above every normal thread,
-/// below anything the administrator made real-time).
+/// A thread's scheduling policy, as critio sets and reads it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SchedPolicy {
+    /// `SCHED_OTHER`: the fair scheduler, at the thread's nice value.
+    Normal,
+    /// `SCHED_IDLE`: runs only on a CPU nothing else wants.
+    Idle,
+    /// `SCHED_FIFO` (set at the lowest real-time level, the lock ceiling):
+    /// above every normal thread.
+    Realtime,
+    /// Any other policy (read only).
+    Other,
+}
+
+/// The real-time priority a thread at the lock ceiling runs at (the
+/// lowest real-time level: above every normal thread, below anything the
+/// administrator made real-time).
 const CEILING_RT_PRIORITY: libc::c_int = 1;
 
-/// Puts the calling thread in `SCHED_FIFO` at the lowest real-time level
-/// (`realtime`), or back in `SCHED_OTHER` (its nice value is kept: the
-/// kernel stores it apart from the policy).
-pub fn set_current_thread_realtime(realtime: bool) -> io::Result<()> {
-    let (policy, priority) = match realtime {
-        true => (libc::SCHED_FIFO, CEILING_RT_PRIORITY),
-        false => (libc::SCHED_OTHER, 0),
+/// Puts thread `tid` (0: the calling thread) under `policy`. Its nice
+/// value is kept (the kernel stores it apart from the policy).
+pub fn set_thread_policy(tid: i32, policy: SchedPolicy) -> io::Result<()> {
+    let (policy, priority) = match policy {
+        SchedPolicy::Normal => (libc::SCHED_OTHER, 0),
+        SchedPolicy::Idle => (libc::SCHED_IDLE, 0),
+        SchedPolicy::Realtime => (libc::SCHED_FIFO, CEILING_RT_PRIORITY),
+        SchedPolicy::Other => return Err(io::Error::from(io::ErrorKind::InvalidInput)),
     };
     let param = libc::sched_param {
         sched_priority: priority,
     };
-    // SAFETY: `sched_setscheduler(0, policy, &param)` reads one
-    // `sched_param` that lives on this stack for the whole call and writes
-    // no memory of this process; failure is -1/errno, checked below.
-    let rc = unsafe { libc::sched_setscheduler(0, policy, &param) };
-    if rc < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
-}
-
-/// Whether the calling thread runs under `SCHED_FIFO` (tests and tools).
-pub fn current_thread_is_realtime() -> io::Result<bool> {
-    thread_is_realtime(0)
-}
-
-/// Whether thread `tid` (0: the calling thread) runs under `SCHED_FIFO`.
-pub fn thread_is_realtime(tid: i32) -> io::Result<bool> {
-    // SAFETY: `sched_getscheduler(tid)` takes an integer and touches no
-    // memory of this process; it returns the policy or -1/errno.
-    let rc = unsafe { libc::sched_getscheduler(tid) };
-    if rc < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(rc == libc::SCHED_FIFO)
-}
-
-/// Puts thread `tid` (0: the calling thread) in `SCHED_IDLE` (`idle`) or
-/// back in `SCHED_OTHER` (its nice value is kept).
-pub fn set_thread_sched_idle(tid: i32, idle: bool) -> io::Result<()> {
-    let policy = match idle {
-        true => libc::SCHED_IDLE,
-        false => libc::SCHED_OTHER,
-    };
-    let param = libc::sched_param { sched_priority: 0 };
     // SAFETY: `sched_setscheduler(tid, policy, &param)` reads one
     // `sched_param` that lives on this stack for the whole call and writes
     // no memory of this process; failure is -1/errno, checked below.
@@ -145,13 +126,16 @@ pub fn set_thread_sched_idle(tid: i32, idle: bool) -> io::Result<()> {
     Ok(())
 }
 
-/// Whether thread `tid` (0: the calling thread) runs under `SCHED_IDLE`.
-pub fn thread_is_sched_idle(tid: i32) -> io::Result<bool> {
+/// The scheduling policy of thread `tid` (0: the calling thread).
+pub fn thread_policy(tid: i32) -> io::Result<SchedPolicy> {
     // SAFETY: `sched_getscheduler(tid)` takes an integer and touches no
     // memory of this process; it returns the policy or -1/errno.
     let rc = unsafe { libc::sched_getscheduler(tid) };
-    if rc < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(rc == libc::SCHED_IDLE)
+    Ok(match rc {
+        libc::SCHED_OTHER => SchedPolicy::Normal,
+        libc::SCHED_IDLE => SchedPolicy::Idle,
+        libc::SCHED_FIFO => SchedPolicy::Realtime,
+        rc if rc < 0 => return Err(io::Error::last_os_error()),
+        _ => SchedPolicy::Other,
+    })
 }
