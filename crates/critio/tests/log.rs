@@ -192,10 +192,7 @@ fn truncation_and_wrap_around_over_many_laps_recover_exactly_the_live_records() 
 
 #[test]
 fn records_appended_while_a_batch_is_in_flight_form_the_next_batch() {
-    let gate = GateDevice::new(32);
-    let dev: Arc<dyn Device> = gate.clone();
-    let cfg = small_cfg();
-    let log = Arc::new(pumped(&gate, || open(&dev, &cfg).0));
+    let (gate, cfg, log) = gated_log();
     let n0 = gate.arrivals().len();
     let first = {
         let log = log.clone();
@@ -209,10 +206,9 @@ fn records_appended_while_a_batch_is_in_flight_form_the_next_batch() {
         })
         .collect();
     wait_until("five more records are appended", || log.next_lsn() == 7);
-    while !(first.is_finished() && rest.iter().all(|t| t.is_finished())) {
-        gate.release_all();
-        std::thread::sleep(Duration::from_millis(1));
-    }
+    release_until(&gate, || {
+        first.is_finished() && rest.iter().all(|t| t.is_finished())
+    });
     assert_eq!(first.join().unwrap(), 1);
     for t in rest {
         t.join().unwrap();
@@ -896,15 +892,30 @@ fn faulty_power_cuts_lose_no_acknowledged_record() {
     );
 }
 
+/// Releases every command that reaches the gate until `done`.
+fn release_until(gate: &GateDevice, done: impl Fn() -> bool) {
+    while !done() {
+        gate.release_all();
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// A log of `small_cfg()` on a gated device, opened with the gate
+/// released.
+fn gated_log() -> (Arc<GateDevice>, LogConfig, Arc<Log>) {
+    let gate = GateDevice::new(32);
+    let dev: Arc<dyn Device> = gate.clone();
+    let cfg = small_cfg();
+    let log = Arc::new(pumped(&gate, || open(&dev, &cfg).0));
+    (gate, cfg, log)
+}
+
 /// Runs `f` on a thread while releasing every command that reaches the
 /// gate.
 fn pumped<T: Send>(gate: &GateDevice, f: impl FnOnce() -> T + Send) -> T {
     std::thread::scope(|s| {
         let h = s.spawn(f);
-        while !h.is_finished() {
-            gate.release_all();
-            std::thread::sleep(Duration::from_millis(1));
-        }
+        release_until(gate, || h.is_finished());
         h.join().unwrap()
     })
 }
@@ -914,10 +925,7 @@ fn pumped<T: Send>(gate: &GateDevice, f: impl FnOnce() -> T + Send) -> T {
 /// (it is the commit condvar's helper), so its next I/O is critical.
 #[test]
 fn a_foreground_commit_makes_the_busy_log_writer_critical() {
-    let gate = GateDevice::new(32);
-    let dev: Arc<dyn Device> = gate.clone();
-    let cfg = small_cfg();
-    let log = Arc::new(pumped(&gate, || open(&dev, &cfg).0));
+    let (gate, cfg, log) = gated_log();
     let writer = log.writer_task().clone();
     let critical_waits = || {
         critio::metrics::global()
@@ -957,10 +965,9 @@ fn a_foreground_commit_makes_the_busy_log_writer_critical() {
 
     // Release the background batch: its flush, then the foreground batch's
     // write and flush are issued by a critical writer.
-    while !(foreground.is_finished() && background.is_finished()) {
-        gate.release_all();
-        std::thread::sleep(Duration::from_millis(1));
-    }
+    release_until(&gate, || {
+        foreground.is_finished() && background.is_finished()
+    });
     assert_eq!(background.join().unwrap(), 1);
     assert_eq!(foreground.join().unwrap(), 2);
     assert_eq!(
@@ -984,10 +991,7 @@ fn a_foreground_commit_makes_the_busy_log_writer_critical() {
 /// usually takes the batch first); a batch of background records is not.
 #[test]
 fn a_batch_a_critical_task_appended_to_is_written_critical_before_anyone_waits() {
-    let gate = GateDevice::new(32);
-    let dev: Arc<dyn Device> = gate.clone();
-    let cfg = small_cfg();
-    let log = Arc::new(pumped(&gate, || open(&dev, &cfg).0));
+    let (gate, cfg, log) = gated_log();
     let data = ring_offset(&cfg, 0);
     let n0 = gate.arrivals().len();
 
@@ -1019,10 +1023,7 @@ fn a_batch_a_critical_task_appended_to_is_written_critical_before_anyone_waits()
     };
     gate.wait_arrivals(n1 + 1);
     let written = gate.arrivals()[n1];
-    while !background.is_finished() {
-        gate.release_all();
-        std::thread::sleep(Duration::from_millis(1));
-    }
+    release_until(&gate, || background.is_finished());
     assert_eq!(
         written,
         (data + BLOCK, Class::NonCritical),
