@@ -63,15 +63,9 @@ static BACKGROUND_IDLE: AtomicBool = AtomicBool::new(false);
 /// leave `SCHED_IDLE` again. Threads already marked are re-mirrored.
 pub fn set_background_idle(on: bool) -> Result<(), String> {
     if on {
-        if let Err(why) = probe(|| {
-            set_thread_policy(0, SchedPolicy::Idle)
-                .map_err(|e| format!("cannot put a thread in SCHED_IDLE: {e}"))?;
-            set_thread_policy(0, SchedPolicy::Normal).map_err(|e| {
-                format!("cannot take a thread out of SCHED_IDLE: {e}; background threads stay SCHED_OTHER")
-            })
-        }) {
+        if let Err(why) = probe_policy(SchedPolicy::Idle) {
             BACKGROUND_IDLE.store(false, Ordering::SeqCst);
-            return Err(why);
+            return Err(format!("{why}; background threads stay SCHED_OTHER"));
         }
     }
     if BACKGROUND_IDLE.swap(on, Ordering::SeqCst) != on {
@@ -187,6 +181,17 @@ fn probe(check: impl FnOnce() -> Result<(), String> + Send + 'static) -> Result<
         .unwrap_or_else(|_| Err("the probe thread panicked".into()))
 }
 
+/// Whether a thread can be put under `policy` and back under
+/// `SCHED_OTHER`; the error says which step was refused.
+fn probe_policy(policy: SchedPolicy) -> Result<(), String> {
+    probe(move || {
+        set_thread_policy(0, policy)
+            .map_err(|e| format!("cannot put a thread under {policy:?}: {e}"))?;
+        set_thread_policy(0, SchedPolicy::Normal)
+            .map_err(|e| format!("cannot take a thread out of {policy:?}: {e}"))
+    })
+}
+
 thread_local! {
     /// Ceiling guards this thread holds, and whether its outermost one
     /// made it real-time.
@@ -199,15 +204,11 @@ thread_local! {
 /// says why.
 pub fn set_lock_ceiling(on: bool) -> Result<(), String> {
     if on {
-        if let Err(why) = probe(|| {
-            set_thread_policy(0, SchedPolicy::Realtime)
-                .map_err(|e| format!("cannot run a thread real-time (needs CAP_SYS_NICE or RLIMIT_RTPRIO >= 1): {e}; the lock ceiling stays off"))?;
-            set_thread_policy(0, SchedPolicy::Normal).map_err(|e| {
-                format!("cannot return a thread from real-time: {e}; the lock ceiling stays off")
-            })
-        }) {
+        if let Err(why) = probe_policy(SchedPolicy::Realtime) {
             CEILING.store(false, Ordering::SeqCst);
-            return Err(why);
+            return Err(format!(
+                "{why} (needs CAP_SYS_NICE or RLIMIT_RTPRIO >= 1); the lock ceiling stays off"
+            ));
         }
     }
     CEILING.store(on, Ordering::SeqCst);
