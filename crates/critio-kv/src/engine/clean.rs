@@ -17,7 +17,7 @@
 //! liveness check and the placement), at the lock ceiling
 //! ([`critio::context::ceiling`]): measured on a real disk under a
 //! BGREWRITEAOF loop, the cleaner held a batch's stripes 37 µs at the
-//! median, but a preempted hold lasted up to 13 ms, and 0.1% of GETs
+//! median, but a preempted hold lasted up to 33 ms, and 0.1% of GETs
 //! waited for one.
 //!
 //! Deletions and FLUSHALL records are dropped: everything older than them
