@@ -412,14 +412,27 @@ fn a_flush_done_in_its_callers_thread_holds_back_no_other_request() {
 /// command went.
 struct SubmitHere {
     mem: MemDevice,
+    info: critio::device::DeviceInfo,
     refuse: bool,
     log: parking_lot::Mutex<Vec<(std::thread::ThreadId, Op, &'static str)>>,
 }
 
 impl SubmitHere {
     fn new(refuse: bool) -> Arc<Self> {
+        Self::with_depth(refuse, 128)
+    }
+
+    /// One that takes at most `depth` commands at a time (the block layer
+    /// queues the rest).
+    fn with_depth(refuse: bool, depth: u32) -> Arc<Self> {
+        let mem = MemDevice::new(1 << 20);
+        let info = critio::device::DeviceInfo {
+            queue_depth: depth,
+            ..mem.info().clone()
+        };
         Arc::new(Self {
-            mem: MemDevice::new(1 << 20),
+            mem,
+            info,
             refuse,
             log: parking_lot::Mutex::new(Vec::new()),
         })
@@ -436,7 +449,7 @@ impl SubmitHere {
 
 impl Device for SubmitHere {
     fn info(&self) -> &critio::device::DeviceInfo {
-        self.mem.info()
+        &self.info
     }
 
     fn submit(&self, cmd: critio::device::Command, done: critio::device::Completer) {
@@ -522,4 +535,53 @@ fn a_request_the_device_hands_back_goes_through_submit() {
         vec![(Op::Write, "submit"), (Op::Read, "submit")]
     );
     assert_eq!(l.stats().class(Class::Critical).completions, 2);
+}
+
+/// With one command at a time at the device, foreground requests queue
+/// behind each other: one its submitter finds queued is sent by whoever
+/// dispatches next, and its submitter waits for it like any other. Every
+/// request completes, with the data written, whichever way it went.
+#[test]
+fn foreground_requests_queued_behind_others_complete_whoever_sends_them() {
+    let dev = SubmitHere::with_depth(false, 1);
+    let l = Arc::new(BlockLayer::new(dev.clone(), BlockConfig::default()).unwrap());
+    let threads: Vec<_> = (0..4u8)
+        .map(|t| {
+            let l = l.clone();
+            std::thread::spawn(move || {
+                context::set_foreground();
+                let at = u64::from(t) * 4096;
+                for i in 0..300u32 {
+                    let v = t.wrapping_mul(31).wrapping_add(i as u8);
+                    l.write(at, page(v)).unwrap();
+                    assert_eq!(l.read(at, 4096).unwrap().as_slice(), &[v; 4096]);
+                }
+                l.flush().unwrap();
+            })
+        })
+        .collect();
+    let writeback = {
+        let l = l.clone();
+        std::thread::spawn(move || {
+            context::set_background();
+            for i in 0..300u32 {
+                l.write_async(65536, page(i as u8)).unwrap().wait().unwrap();
+            }
+        })
+    };
+    for t in threads {
+        t.join().unwrap();
+    }
+    writeback.join().unwrap();
+    let s = l.stats();
+    assert_eq!(s.class(Class::Critical).completions, 4 * 601);
+    assert_eq!(s.class(Class::NonCritical).completions, 300);
+    let took = dev.took();
+    let count = |op| took.iter().filter(|&&(o, _)| o == op).count();
+    assert_eq!(
+        count(Op::Read) + count(Op::Write),
+        4 * 600 + 300,
+        "once each"
+    );
+    assert_eq!(count(Op::Flush), 4);
 }

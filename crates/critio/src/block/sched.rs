@@ -428,7 +428,7 @@ impl<P> Scheduler<P> {
             self.ncio.insert(id, info.offset, info.len);
         }
         if admitted {
-            self.enqueue_admitted(id, pool, lane, now);
+            self.enqueue_admitted(id, pool, lane, now, now);
         } else {
             self.admission[pool].push_back(id);
         }
@@ -444,19 +444,27 @@ impl<P> Scheduler<P> {
         e.queued = now;
         e.slot = pool;
         e.lane = lane;
-        self.enqueue_admitted(id, pool, lane, now);
+        let arrived = e.submitted;
+        self.enqueue_admitted(id, pool, lane, arrived, now);
     }
 
     /// Takes a slot of `pool` for an admitted request and queues it in
     /// `lane`: an arrival, which feeds the lane's think time and ends an
     /// anticipation window held for this lane or a lower one.
-    fn enqueue_admitted(&mut self, id: ReqId, pool: usize, lane: usize, now: Nanos) {
+    /// `arrived`: when it was submitted.
+    fn enqueue_admitted(
+        &mut self,
+        id: ReqId,
+        pool: usize,
+        lane: usize,
+        arrived: Nanos,
+        now: Nanos,
+    ) {
         self.slots_used[pool] += 1;
         self.queues[lane].push_back((id, now));
         if self.cfg.classes {
             // Think time ends when the request arrived, not when it got a
             // slot (a wait for admission is not the submitter's thinking).
-            let arrived = self.reqs.get(&id).map_or(now, |e| e.submitted);
             self.think[lane].sample(arrived, 2 * self.cfg.anticipation.max(1));
             if self.antic.is_some_and(|(served, _)| lane <= served) {
                 self.antic = None;
@@ -480,6 +488,12 @@ impl<P> Scheduler<P> {
 
     /// Which lane the next dispatch takes from, if the limits allow one.
     fn pick(&mut self, now: Nanos) -> Option<usize> {
+        if !self.dispatchable() {
+            // Nothing queued, so nothing paced either (the common case
+            // after each dispatch and completion: a short way out).
+            self.cap.note_pace_hold(false, now);
+            return None;
+        }
         let at_device = self.inflight[CRIT] + self.inflight[NONCRIT];
         if at_device >= self.cfg.device_depth {
             return None;

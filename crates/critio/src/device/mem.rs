@@ -4,7 +4,7 @@
 
 use parking_lot::RwLock;
 
-use super::{validate, Command, Completer, Completion, Device, DeviceInfo, Op};
+use super::{validate, Command, Completer, Completion, Device, DeviceError, DeviceInfo, Op};
 
 /// The block size of a [`MemDevice`].
 pub const MEM_BLOCK_SIZE: u32 = 512;
@@ -38,6 +38,14 @@ impl MemDevice {
         }
     }
 
+    fn complete(&self, mut cmd: Command) -> Completion {
+        let result = validate(&self.info, &cmd).map(|()| self.execute(&mut cmd));
+        Completion {
+            result,
+            buf: cmd.buf,
+        }
+    }
+
     fn execute(&self, cmd: &mut Command) {
         let at = cmd.offset as usize;
         match cmd.op {
@@ -60,11 +68,25 @@ impl Device for MemDevice {
         &self.info
     }
 
-    fn submit(&self, mut cmd: Command, done: Completer) {
-        let result = validate(&self.info, &cmd).map(|()| self.execute(&mut cmd));
-        done(Completion {
-            result,
-            buf: cmd.buf,
-        });
+    fn submit(&self, cmd: Command, done: Completer) {
+        done(self.complete(cmd));
+    }
+
+    fn flushes_here(&self) -> bool {
+        true
+    }
+
+    fn flush_here(&self) -> Option<Result<(), DeviceError>> {
+        Some(Ok(()))
+    }
+
+    fn submits_here(&self) -> bool {
+        true
+    }
+
+    /// The same as [`Device::submit`], which completes inline too, without
+    /// the completion closure.
+    fn submit_here(&self, cmd: Command) -> Result<Completion, Command> {
+        Ok(self.complete(cmd))
     }
 }
