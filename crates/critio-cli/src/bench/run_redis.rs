@@ -13,8 +13,9 @@
 //!               loop costs Redis with no disk at all (fork, copy-on-write, CPU), a
 //!               floor no I/O policy can go below
 //!  no I/O alone the same data in memory with no loop: the loop's cost without a disk
-//!               is the ratio of these two rows, and where it already misses a target,
-//!               no I/O policy can meet that target on this machine
+//!               is the ratio of these two rows. Redis serves GETs from memory either
+//!               way, so where that ratio misses a GET target, no I/O policy can meet
+//!               it on this machine (SETs on the disk wait for fsync instead of the CPU)
 //!
 //!  each: fresh data directory -> preload KEYS keys of 1 KiB -> redis-benchmark -t set,
 //!        then -t get (-c 20 -r KEYS -d 1024), the background loop running throughout
@@ -384,20 +385,18 @@ fn targets(runs: &[Run]) -> Vec<Target> {
     if let (Some(l), Some(a)) = (in_memory(Setup::NoIo), in_memory(Setup::NoIoAlone)) {
         // The same targets for the loop with no disk at all: a miss here
         // is the CPU's (fork, copy-on-write, the children's own work on
-        // this machine's cores), which no I/O policy can take away.
+        // this machine's cores). Redis serves GETs from memory on the disk
+        // too, so for GET it is a floor no I/O policy can go below; SETs
+        // on the disk wait for fsync, which leaves more CPU to share.
         for (op, l, a) in [("SET", &l.set, &a.set), ("GET", &l.get, &a.get)] {
             t.push(Target::new(
-                &format!(
-                    "no-I/O-loop-{op}-p99.9-vs-no-I/O-alone (floor for critio-run-{op}-p99.9)"
-                ),
+                &format!("no-I/O-loop-{op}-p99.9-vs-no-I/O-alone"),
                 ratio(l.p999_ms, a.p999_ms),
                 Goal::AtMost(1.5),
                 "x",
             ));
             t.push(Target::new(
-                &format!(
-                    "no-I/O-loop-{op}-throughput-vs-no-I/O-alone (floor for critio-run-{op}-throughput)"
-                ),
+                &format!("no-I/O-loop-{op}-throughput-vs-no-I/O-alone"),
                 ratio(l.rps, a.rps),
                 Goal::AtLeast(0.9),
                 "x",
