@@ -8,7 +8,8 @@
 //!      │ (inherited by every child process and exec)
 //!      v
 //!  (background threads: idle I/O class, or best-effort 7 where they hold locks requests
-//!   wait for (the postgres preset); CPU nice 10; foreground: best-effort 0)
+//!   wait for (the postgres preset); CPU nice 10, and SCHED_IDLE with background_idle;
+//!   foreground: best-effort 0)
 //!  controller thread, every window_ms:
 //!      mean foreground fsync latency of the window (from the block)
 //!      above target_ratio x its clean baseline  -> background rate halved (not below min_rate)
@@ -34,7 +35,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use critio::sys::IoPriority;
+use critio::sys::{IoPriority, SchedPolicy};
 use critio_control::{quantile, Class, Control, Op, Rule, ENV_CONTROL};
 use serde::Deserialize;
 
@@ -213,6 +214,13 @@ pub struct RunConfig {
     /// and the background threads it waits for in turn, until the wait
     /// ends. Default true.
     pub inherit_locks: bool,
+    /// Background threads also run in the kernel's `SCHED_IDLE` CPU
+    /// policy (only on a CPU no other thread wants) while not boosted, in
+    /// processes that run as root (the right to leave it again). A trade:
+    /// on a machine with few cores it keeps a fork child's serializing
+    /// off the CPU the requests need, and slows the child down. Default
+    /// false.
+    pub background_idle: bool,
 }
 
 impl Default for RunConfig {
@@ -231,6 +239,7 @@ impl Default for RunConfig {
             background_nice: 10,
             background_ioprio: None,
             inherit_locks: true,
+            background_idle: false,
         }
     }
 }
@@ -485,15 +494,17 @@ pub fn run(args: RunArgs) -> Result<ExitCode, String> {
     )?);
     if args.explain {
         eprintln!(
-            "critio run: background threads get I/O priority {}, CPU nice {} (if allowed); foreground best-effort-0",
+            "critio run: background threads get I/O priority {}, CPU nice {}{} (if allowed); foreground best-effort-0",
             background_ioprio_name(ioprio),
-            cfg.background_nice
+            cfg.background_nice,
+            if cfg.background_idle { " and SCHED_IDLE" } else { "" }
         );
     }
-    if !cfg.inherit_locks {
-        // SAFETY: no other process has the block yet (the command is not
-        // started), so this is the only access.
-        unsafe { (*block.ptr).inherit_locks = 0 };
+    // SAFETY: no other process has the block yet (the command is not
+    // started), so this is the only access.
+    unsafe {
+        (*block.ptr).inherit_locks = u32::from(cfg.inherit_locks);
+        (*block.ptr).background_idle = u32::from(cfg.background_idle);
     }
     let c = block.control();
     c.rate_bytes_per_sec.store(
@@ -618,8 +629,9 @@ pub fn run(args: RunArgs) -> Result<ExitCode, String> {
 /// ran, so the boosted thread would stay unpaced at full priority for
 /// good). A boosted thread left with no waiter gets its background
 /// priorities back, as the waiter's own end of the wait would have given
-/// them: the I/O priority, and the nice value where its process runs as
-/// root (only such a process nices its background threads).
+/// them: the I/O priority, and the nice value and (with
+/// `background_idle`) `SCHED_IDLE` where its process runs as root (only
+/// such a process nices its background threads or makes them idle).
 fn reap_boosts(c: &Control) {
     for tid in c.reap_boosters(|tid| thread_state(tid).is_some_and(|s| s.alive)) {
         if c.logged_class(tid) != Some(Class::Background) {
@@ -635,6 +647,12 @@ fn reap_boosts(c: &Control) {
             // SAFETY: setpriority takes integers and changes only thread
             // `tid`'s nice value.
             unsafe { libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, c.background_nice) };
+        }
+        if c.background_idle != 0
+            && state.root
+            && critio::sys::thread_policy(tid).is_ok_and(|p| p == SchedPolicy::Normal)
+        {
+            let _ = critio::sys::set_thread_policy(tid, SchedPolicy::Idle);
         }
     }
 }

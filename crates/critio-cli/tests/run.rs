@@ -857,3 +857,65 @@ fn fwrite_cost() {
         wrapped / bare
     );
 }
+
+/// With `background_idle`, a background thread (a fork child under the
+/// redis preset) runs `SCHED_IDLE` and the foreground main thread stays
+/// `SCHED_OTHER`; without it, both are left `SCHED_OTHER`. Only a process
+/// that runs as root may leave `SCHED_IDLE` again, so only such a one is
+/// put in it.
+#[test]
+fn background_idle_puts_background_threads_in_sched_idle() {
+    let Some(py) = python() else {
+        eprintln!("skipped: no python3");
+        return;
+    };
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: background_idle applies to processes that run as root");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    // The child writes a file (so the library classifies it), then reports
+    // its own policy through a pipe, read before the parent waits for it
+    // (a foreground waitpid would boost the child).
+    let script = r#"
+import os, sys
+r, w = os.pipe()
+pid = os.fork()
+if pid == 0:
+    fd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT, 0o600)
+    os.write(fd, b"x")
+    os.close(fd)
+    os.write(w, str(os.sched_getscheduler(0)).encode())
+    os._exit(0)
+os.close(w)
+child = os.read(r, 64).decode()
+fd = os.open(sys.argv[1] + ".parent", os.O_WRONLY | os.O_CREAT, 0o600)
+os.write(fd, b"x")
+os.close(fd)
+print(child, os.sched_getscheduler(0), flush=True)
+os.waitpid(pid, 0)
+"#;
+    let policies = |config: &str| {
+        let cfg = dir.path().join("idle.toml");
+        std::fs::write(&cfg, config).unwrap();
+        let o = Command::new(CRITIO)
+            .args(["run", "--preset", "redis", "--explain", "--config"])
+            .arg(&cfg)
+            .arg("--")
+            .args([py, "-c", &format!("{PY_PACED}{script}")])
+            .arg(dir.path().join("f"))
+            .output()
+            .unwrap();
+        let (out, err) = text(&o);
+        assert!(o.status.success(), "{out}\n{err}");
+        (out.trim().to_owned(), err)
+    };
+    let idle = libc::SCHED_IDLE.to_string();
+    let other = libc::SCHED_OTHER.to_string();
+    let (on, err) = policies("background_idle = true\n");
+    assert_eq!(on, format!("{idle} {other}"), "child, parent:\n{err}");
+    assert!(err.contains("CPU nice 10 and SCHED_IDLE"), "{err}");
+    let (off, err) = policies("");
+    assert_eq!(off, format!("{other} {other}"), "child, parent:\n{err}");
+}

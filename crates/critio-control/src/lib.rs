@@ -32,7 +32,7 @@ use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering};
 /// "critioRN": a mapped block starts with it.
 pub const MAGIC: u64 = 0x4e52_6f69_7469_7263;
 /// The layout's version.
-pub const VERSION: u32 = 7;
+pub const VERSION: u32 = 8;
 /// The kernel's idle I/O class (`ionice -c3`): served only when no other
 /// class has I/O pending.
 pub const IOPRIO_IDLE: u16 = 3 << 13;
@@ -343,6 +343,11 @@ pub struct Control {
     /// `pthread_cond` it signalled last, a child in `waitpid`) boosts it
     /// and the background threads it waits for in turn (0: off).
     pub inherit_locks: u32,
+    /// 1: a background thread also runs in the kernel's `SCHED_IDLE`
+    /// policy (CPU time only when no other thread wants it) while it is
+    /// not boosted; a foreground or boosted thread runs `SCHED_OTHER` (0:
+    /// policies left alone).
+    pub background_idle: u32,
     /// The rules, in order.
     pub rules: [Rule; RULES_MAX],
     /// A background writer hands its dirty data to writeback once it has
@@ -453,6 +458,7 @@ impl Control {
         self.background_nice = background_nice.clamp(0, 19);
         self.background_ioprio = u32::from(background_ioprio);
         self.inherit_locks = 1;
+        self.background_idle = 0;
         Ok(())
     }
 

@@ -127,8 +127,9 @@ pub fn apply(tid: i32, class: Class, c: &Control) {
         Class::Foreground => (libc::c_long::from(critio_control::ioprio_best_effort(0)), 0),
         Class::Background => (libc::c_long::from(c.background_ioprio), c.background_nice),
     };
-    // SAFETY: ioprio_set and setpriority take integers and change only
-    // thread `tid`'s priorities.
+    // SAFETY: ioprio_set, setpriority and sched_setscheduler take
+    // integers (and a sched_param that lives across the call) and change
+    // only thread `tid`'s priorities.
     unsafe {
         libc::syscall(
             libc::SYS_ioprio_set,
@@ -138,6 +139,20 @@ pub fn apply(tid: i32, class: Class, c: &Control) {
         );
         if c.background_nice != 0 && crate::may_nice() {
             libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, nice);
+        }
+        // Leaving SCHED_IDLE needs the right to the nice value, as
+        // un-nicing does: the same processes do both. Only the two normal
+        // policies are switched (a real-time thread keeps its policy).
+        if c.background_idle != 0 && crate::may_nice() {
+            let now = libc::sched_getscheduler(tid);
+            let policy = match class {
+                Class::Foreground => (now == libc::SCHED_IDLE).then_some(libc::SCHED_OTHER),
+                Class::Background => (now == libc::SCHED_OTHER).then_some(libc::SCHED_IDLE),
+            };
+            if let Some(policy) = policy {
+                let param = libc::sched_param { sched_priority: 0 };
+                libc::sched_setscheduler(tid, policy, &param);
+            }
         }
     }
 }

@@ -3,8 +3,9 @@
 //! main thread; cached per thread, re-checked every [`RECHECK_NS`] (a
 //! program may retitle itself after a fork, as PostgreSQL's backends do),
 //! after a fork, and after any thread of the process is renamed. A change is applied as the thread's kernel I/O
-//! priority (best-effort 0, or the block's `background_ioprio`) and CPU nice value (0 or the block's
-//! `background_nice`), and logged in the block for `critio run --explain`.
+//! priority (best-effort 0, or the block's `background_ioprio`), CPU nice value (0 or the block's
+//! `background_nice`) and, with the block's `background_idle`, CPU policy (`SCHED_OTHER`, or
+//! `SCHED_IDLE` for a background thread), and logged in the block for `critio run --explain`.
 
 use std::cell::Cell;
 use std::sync::atomic::Ordering;
