@@ -9,6 +9,9 @@
 //!               CPU nice 10 as they appear (what a user scripts with `ionice -c3 -p CHILD`
 //!               and `renice`; critio run nices background threads to 10 too)
 //!  critio run   the same, under `critio run --preset redis`
+//!  critio run, background_idle
+//!               the same with `background_idle = true`: the children also run
+//!               SCHED_IDLE (CPU only when no other thread wants it), an opt-in trade
 //!  no I/O       stock with the loop, its data in memory (tmpfs, /dev/shm): what the
 //!               loop costs Redis with no disk at all (fork, copy-on-write, CPU), a
 //!               floor no I/O policy can go below
@@ -52,15 +55,17 @@ enum Setup {
     Stock,
     IoniceChildren,
     CritioRun,
+    CritioRunIdle,
     NoIo,
     NoIoAlone,
 }
 
-const SETUPS: [Setup; 6] = [
+const SETUPS: [Setup; 7] = [
     Setup::Alone,
     Setup::Stock,
     Setup::IoniceChildren,
     Setup::CritioRun,
+    Setup::CritioRunIdle,
     Setup::NoIo,
     Setup::NoIoAlone,
 ];
@@ -72,6 +77,7 @@ impl Setup {
             Setup::Stock => "stock",
             Setup::IoniceChildren => "ionice -c3 + nice children",
             Setup::CritioRun => "critio run",
+            Setup::CritioRunIdle => "critio run, background_idle",
             Setup::NoIo => "no I/O (tmpfs)",
             Setup::NoIoAlone => "no I/O (tmpfs), alone",
         }
@@ -184,16 +190,23 @@ fn run_setup(setup: Setup, size: &Size, dir: &Path) -> Result<Run, String> {
     };
     let data = base.join(format!("critio-run-redis-{}", std::process::id()));
     let stats_path = dir.join("critio-run.stats");
-    let wrapper: Vec<OsString> = if setup == Setup::CritioRun {
+    let config = dir.join("critio-run-idle.toml");
+    let wrapper: Vec<OsString> = if matches!(setup, Setup::CritioRun | Setup::CritioRunIdle) {
         let exe = std::env::current_exe().map_err(|e| format!("cannot find critio: {e}"))?;
-        vec![
+        let mut w: Vec<OsString> = vec![
             exe.into(),
             "run".into(),
             "--preset".into(),
             "redis".into(),
             "--stats".into(),
-            "--".into(),
-        ]
+        ];
+        if setup == Setup::CritioRunIdle {
+            std::fs::write(&config, "background_idle = true\n")
+                .map_err(|e| format!("{}: {e}", config.display()))?;
+            w.extend(["--config".into(), config.clone().into()]);
+        }
+        w.push("--".into());
+        w
     } else {
         Vec::new()
     };
@@ -231,6 +244,7 @@ fn run_setup(setup: Setup, size: &Size, dir: &Path) -> Result<Run, String> {
         .map(str::to_owned)
         .collect();
     let _ = std::fs::remove_file(&stats_path);
+    let _ = std::fs::remove_file(&config);
     Ok(Run {
         setup,
         set: set?,
@@ -264,8 +278,10 @@ pub fn run(args: &BenchArgs) -> Result<Report, String> {
         }
         runs.push(run_setup(setup, &size, &dir)?);
     }
-    for line in runs.iter().flat_map(|r| &r.stats) {
-        eprintln!("run-redis: critio run: {line}");
+    for r in &runs {
+        for line in &r.stats {
+            eprintln!("run-redis: {}: {line}", r.setup.name());
+        }
     }
     // Each server removed its own data directory when it stopped; `dir`
     // itself may be the user's (`--device file:DIR`) and stays.
@@ -274,7 +290,8 @@ pub fn run(args: &BenchArgs) -> Result<Report, String> {
         description: format!(
             "unmodified Redis {version} (appendonly yes, appendfsync always) on {} ({machine}): \
              alone, and while BGSAVE and BGREWRITEAOF run back to back: stock, its children in \
-             ionice's idle class and at nice 10, under critio run --preset redis, and stock with its data on \
+             ionice's idle class and at nice 10, under critio run --preset redis (and with \
+             background_idle = true: its background threads SCHED_IDLE too), and stock with its data on \
              tmpfs (no disk I/O: what fork, copy-on-write and the CPU cost alone), with the loop and alone. \
              {} keys x {VALUE_BYTES} B; \
              redis-benchmark -c {CLIENTS} -r {} -d {VALUE_BYTES}, SET -n {}, GET -n {}. p99.9 is \
@@ -366,6 +383,27 @@ fn targets(runs: &[Run]) -> Vec<Target> {
     t.push(Target::new(
         "critio-run-background-jobs-per-s-vs-stock",
         ratio(critio.jobs_per_s(), stock.jobs_per_s()),
+        Goal::AtLeast(0.8),
+        "x",
+    ));
+    // The opt-in trade, against the same goals: what SCHED_IDLE children
+    // give GETs, and what they cost the jobs.
+    let idle = find(runs, Setup::CritioRunIdle);
+    t.push(Target::new(
+        "critio-run-background_idle-GET-p99.9-vs-alone",
+        ratio(idle.get.p999_ms, alone.get.p999_ms),
+        Goal::AtMost(1.5),
+        "x",
+    ));
+    t.push(Target::new(
+        "critio-run-background_idle-GET-throughput-vs-alone",
+        ratio(idle.get.rps, alone.get.rps),
+        Goal::AtLeast(0.9),
+        "x",
+    ));
+    t.push(Target::new(
+        "critio-run-background_idle-background-jobs-per-s-vs-stock",
+        ratio(idle.jobs_per_s(), stock.jobs_per_s()),
         Goal::AtLeast(0.8),
         "x",
     ));
