@@ -5,9 +5,11 @@
 //! layer (admission, queues, dispatch, completion, stats), from a
 //! foreground thread (critical requests, as on a request's path: the
 //! target) and from a background one (non-critical requests, tracked for
-//! promotion), in rounds whose order rotates. A second table repeats the
-//! comparison on the simulated SSD (80 µs reads), to put the per-request
-//! cost in proportion to a fast device's own latency.
+//! promotion), in rounds whose order rotates. A second table gives what the
+//! layer's clock costs (read twice per request, a floor under the layer's
+//! cost), a third repeats the comparison on the simulated SSD (80 µs
+//! reads), to put the per-request cost in proportion to a fast device's
+//! own latency.
 
 use std::hint::black_box;
 use std::sync::Arc;
@@ -18,6 +20,7 @@ use critio::context::{self, Class};
 use critio::device::mem::MemDevice;
 use critio::device::sim::SimDevice;
 use critio::device::{submit_and_wait, Command, Device};
+use critio::time::Clock;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use serde_json::json;
@@ -96,6 +99,30 @@ fn ssd_comparison(ops: u64) -> Result<Table, String> {
     Ok(t)
 }
 
+/// What one read of the layer's clock costs: the layer reads it twice
+/// per request (at submission and at completion: the device time feeds the
+/// adaptive cap and the stats), a floor under its cost that no queue or
+/// lock work can remove.
+fn clock_cost(rounds: usize, ops: u64) -> Table {
+    let clock = Clock::new();
+    let mut ns = Vec::new();
+    for _ in 0..rounds {
+        let start = Instant::now();
+        for _ in 0..ops {
+            black_box(clock.now());
+        }
+        ns.push(start.elapsed().as_nanos() as f64 / ops as f64);
+    }
+    let per_read = median(&mut ns);
+    let mut t = Table::new(
+        &format!("the layer's clock, median of {rounds} rounds x {ops} reads"),
+        &["what", "ns"],
+    );
+    t.row(vec![json!("one read"), json!(per_read)]);
+    t.row(vec![json!("two reads (per request)"), json!(2.0 * per_read)]);
+    t
+}
+
 fn median(v: &mut [f64]) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
@@ -158,6 +185,7 @@ pub fn run(args: &BenchArgs) -> Result<Report, String> {
     ] {
         t.row(vec![json!(name), json!(iops), json!(1e9 / iops), json!(r)]);
     }
+    let clock_table = clock_cost(rounds, ops);
     let ssd_table = ssd_comparison(if args.quick { 500 } else { 5000 })?;
     Ok(Report {
         experiment: "block-overhead".into(),
@@ -165,7 +193,7 @@ pub fn run(args: &BenchArgs) -> Result<Report, String> {
                       so the difference is admission, queues, dispatch and completion bookkeeping; \
                       a foreground thread's reads are critical, a background thread's are not"
             .into(),
-        tables: vec![t, ssd_table],
+        tables: vec![t, clock_table, ssd_table],
         targets: vec![Target::new(
             "layer-foreground-iops-vs-direct",
             ratio,
