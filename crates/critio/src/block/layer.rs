@@ -33,9 +33,9 @@
 //! the request's shared state (what waiters wait on) only if someone other
 //! than its submitter may complete it, and the device's completion closure
 //! only for a request sent through [`Device::submit`]; a one-request batch
-//! is kept inline. The two clock reads alone cost about 70 ns on this
+//! is kept inline. The two clock reads alone cost about 75 ns on this
 //! project's virtual machine, a fifth of a 4 KiB read from memory
-//! (`critio bench block-overhead` measures the whole layer's cost).
+//! (`critio bench block-overhead` measures both).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
