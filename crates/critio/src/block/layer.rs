@@ -511,6 +511,7 @@ impl Inner {
             }
         }
     }
+
     fn wait_admission(self: &Arc<Self>, id: ReqId) {
         let blocker = Arc::new(AdmissionWait {
             layer: Arc::downgrade(self),
