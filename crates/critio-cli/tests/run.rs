@@ -744,6 +744,34 @@ print("waited " + os.read(r, 64).decode())
     );
 }
 
+/// Runs Python `script` (after [`PY_PACED`]) under `critio run --preset
+/// redis --explain`, with `config` as its config file if given and a path
+/// in `dir` as its argument; returns what it printed (trimmed) and
+/// critio run's stderr.
+fn redis_preset_script(
+    py: &str,
+    dir: &Path,
+    config: Option<&str>,
+    script: &str,
+) -> (String, String) {
+    let mut cmd = Command::new(CRITIO);
+    cmd.args(["run", "--preset", "redis", "--explain"]);
+    if let Some(text) = config {
+        let cfg = dir.join("preset.toml");
+        std::fs::write(&cfg, text).unwrap();
+        cmd.arg("--config").arg(cfg);
+    }
+    let o = cmd
+        .arg("--")
+        .args([py, "-c", &format!("{PY_PACED}{script}")])
+        .arg(dir.join("f"))
+        .output()
+        .unwrap();
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{out}\n{err}");
+    (out.trim().to_owned(), err)
+}
+
 #[test]
 fn background_threads_get_the_configured_kernel_io_priority() {
     let Some(py) = python() else {
@@ -774,24 +802,7 @@ os.close(w)
 print(os.read(r, 256).decode(), flush=True)
 os.waitpid(pid, 0)
 "#;
-    let prio = |config: Option<&str>| {
-        let mut cmd = Command::new(CRITIO);
-        cmd.args(["run", "--preset", "redis", "--explain"]);
-        if let Some(text) = config {
-            let cfg = dir.path().join("prio.toml");
-            std::fs::write(&cfg, text).unwrap();
-            cmd.arg("--config").arg(cfg);
-        }
-        let o = cmd
-            .arg("--")
-            .args([py, "-c", &format!("{PY_PACED}{script}")])
-            .arg(dir.path().join("f"))
-            .output()
-            .unwrap();
-        let (out, err) = text(&o);
-        assert!(o.status.success(), "{out}\n{err}");
-        (out.trim().to_owned(), err)
-    };
+    let prio = |config: Option<&str>| redis_preset_script(py, dir.path(), config, script);
     let (idle, err) = prio(None);
     assert_eq!(idle, "idle", "{err}");
     assert!(
@@ -896,21 +907,7 @@ os.close(fd)
 print(child, os.sched_getscheduler(0), flush=True)
 os.waitpid(pid, 0)
 "#;
-    let policies = |config: &str| {
-        let cfg = dir.path().join("idle.toml");
-        std::fs::write(&cfg, config).unwrap();
-        let o = Command::new(CRITIO)
-            .args(["run", "--preset", "redis", "--explain", "--config"])
-            .arg(&cfg)
-            .arg("--")
-            .args([py, "-c", &format!("{PY_PACED}{script}")])
-            .arg(dir.path().join("f"))
-            .output()
-            .unwrap();
-        let (out, err) = text(&o);
-        assert!(o.status.success(), "{out}\n{err}");
-        (out.trim().to_owned(), err)
-    };
+    let policies = |config: &str| redis_preset_script(py, dir.path(), Some(config), script);
     let idle = libc::SCHED_IDLE.to_string();
     let other = libc::SCHED_OTHER.to_string();
     let (on, err) = policies("background_idle = true\n");

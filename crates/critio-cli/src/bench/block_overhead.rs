@@ -119,7 +119,10 @@ fn clock_cost(rounds: usize, ops: u64) -> Table {
         &["what", "ns"],
     );
     t.row(vec![json!("one read"), json!(per_read)]);
-    t.row(vec![json!("two reads (per request)"), json!(2.0 * per_read)]);
+    t.row(vec![
+        json!("two reads (per request)"),
+        json!(2.0 * per_read),
+    ]);
     t
 }
 

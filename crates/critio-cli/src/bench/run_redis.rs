@@ -354,6 +354,43 @@ fn find(runs: &[Run], setup: Setup) -> &Run {
         .expect("every setup ran")
 }
 
+fn ratio(a: f64, b: f64) -> f64 {
+    a / b.max(1e-9)
+}
+
+/// Issue 14's goals for one operation of `name`'s run against a run
+/// alone (`alone_name`): p99.9 within 1.5x, throughput at least 0.9x.
+fn against_alone(
+    t: &mut Vec<Target>,
+    (name, alone_name): (&str, &str),
+    op: &str,
+    under: &TestResult,
+    alone: &TestResult,
+) {
+    t.push(Target::new(
+        &format!("{name}-{op}-p99.9-vs-{alone_name}"),
+        ratio(under.p999_ms, alone.p999_ms),
+        Goal::AtMost(1.5),
+        "x",
+    ));
+    t.push(Target::new(
+        &format!("{name}-{op}-throughput-vs-{alone_name}"),
+        ratio(under.rps, alone.rps),
+        Goal::AtLeast(0.9),
+        "x",
+    ));
+}
+
+/// Issue 14's goal for the background: at least 80% of stock's rounds.
+fn jobs_against_stock(t: &mut Vec<Target>, name: &str, run: &Run, stock: &Run) {
+    t.push(Target::new(
+        &format!("{name}-background-jobs-per-s-vs-stock"),
+        ratio(run.jobs_per_s(), stock.jobs_per_s()),
+        Goal::AtLeast(0.8),
+        "x",
+    ));
+}
+
 fn targets(runs: &[Run]) -> Vec<Target> {
     let (alone, stock, ionice, critio) = (
         find(runs, Setup::Alone),
@@ -361,52 +398,17 @@ fn targets(runs: &[Run]) -> Vec<Target> {
         find(runs, Setup::IoniceChildren),
         find(runs, Setup::CritioRun),
     );
-    let ratio = |a: f64, b: f64| a / b.max(1e-9);
     let mut t = Vec::new();
-    for (op, c, a) in [
-        ("SET", &critio.set, &alone.set),
-        ("GET", &critio.get, &alone.get),
-    ] {
-        t.push(Target::new(
-            &format!("critio-run-{op}-p99.9-vs-alone"),
-            ratio(c.p999_ms, a.p999_ms),
-            Goal::AtMost(1.5),
-            "x",
-        ));
-        t.push(Target::new(
-            &format!("critio-run-{op}-throughput-vs-alone"),
-            ratio(c.rps, a.rps),
-            Goal::AtLeast(0.9),
-            "x",
-        ));
-    }
-    t.push(Target::new(
-        "critio-run-background-jobs-per-s-vs-stock",
-        ratio(critio.jobs_per_s(), stock.jobs_per_s()),
-        Goal::AtLeast(0.8),
-        "x",
-    ));
+    let names = ("critio-run", "alone");
+    against_alone(&mut t, names, "SET", &critio.set, &alone.set);
+    against_alone(&mut t, names, "GET", &critio.get, &alone.get);
+    jobs_against_stock(&mut t, "critio-run", critio, stock);
     // The opt-in trade, against the same goals: what SCHED_IDLE children
     // give GETs, and what they cost the jobs.
     let idle = find(runs, Setup::CritioRunIdle);
-    t.push(Target::new(
-        "critio-run-background_idle-GET-p99.9-vs-alone",
-        ratio(idle.get.p999_ms, alone.get.p999_ms),
-        Goal::AtMost(1.5),
-        "x",
-    ));
-    t.push(Target::new(
-        "critio-run-background_idle-GET-throughput-vs-alone",
-        ratio(idle.get.rps, alone.get.rps),
-        Goal::AtLeast(0.9),
-        "x",
-    ));
-    t.push(Target::new(
-        "critio-run-background_idle-background-jobs-per-s-vs-stock",
-        ratio(idle.jobs_per_s(), stock.jobs_per_s()),
-        Goal::AtLeast(0.8),
-        "x",
-    ));
+    let names = ("critio-run-background_idle", "alone");
+    against_alone(&mut t, names, "GET", &idle.get, &alone.get);
+    jobs_against_stock(&mut t, "critio-run-background_idle", idle, stock);
     // Against what a user would do instead (informational goals: better
     // than each).
     let in_memory = |setup| runs.iter().find(|r| r.setup == setup);
@@ -421,25 +423,14 @@ fn targets(runs: &[Run]) -> Vec<Target> {
         ));
     }
     if let (Some(l), Some(a)) = (in_memory(Setup::NoIo), in_memory(Setup::NoIoAlone)) {
-        // The same targets for the loop with no disk at all: a miss here
-        // is the CPU's (fork, copy-on-write, the children's own work on
-        // this machine's cores). Redis serves GETs from memory on the disk
-        // too, so for GET it is a floor no I/O policy can go below; SETs
-        // on the disk wait for fsync, which leaves more CPU to share.
-        for (op, l, a) in [("SET", &l.set, &a.set), ("GET", &l.get, &a.get)] {
-            t.push(Target::new(
-                &format!("no-I/O-loop-{op}-p99.9-vs-no-I/O-alone"),
-                ratio(l.p999_ms, a.p999_ms),
-                Goal::AtMost(1.5),
-                "x",
-            ));
-            t.push(Target::new(
-                &format!("no-I/O-loop-{op}-throughput-vs-no-I/O-alone"),
-                ratio(l.rps, a.rps),
-                Goal::AtLeast(0.9),
-                "x",
-            ));
-        }
+        // The same goals for the loop with no disk at all: a miss here is
+        // the CPU's (fork, copy-on-write, the children's own work on this
+        // machine's cores). Redis serves GETs from memory on the disk too,
+        // so for GET it is a floor no I/O policy can go below; SETs on the
+        // disk wait for fsync, which leaves more CPU to share.
+        let names = ("no-I/O-loop", "no-I/O-alone");
+        against_alone(&mut t, names, "SET", &l.set, &a.set);
+        against_alone(&mut t, names, "GET", &l.get, &a.get);
     }
     for (name, other) in [("stock", stock), ("ionice", ionice)] {
         t.push(Target::new(
