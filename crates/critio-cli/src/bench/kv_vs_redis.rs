@@ -10,6 +10,9 @@
 //!      background: the same, while BGSAVE and BGREWRITEAOF run back to back
 //!                  (each waited for); critio-kv also checkpoints every second, always
 //!      stop it, remove DIR
+//!  then fio on the same file system: a log commit's O_DSYNC write alone,
+//!  next to a writer held to a static rate and to an unpaced one, and
+//!  random reads from one thread with 16 in flight and from 16 threads
 //! ```
 //!
 //! Targets are ratios from this one run; a miss prints MISS. Redis comes
@@ -27,6 +30,7 @@ use critio_kv::Scheme;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::json;
 
+use super::fio;
 use super::host;
 use super::kv_background::TestResult;
 use super::peers::{benchmark, info_u64, redis_server_version, BackgroundLoop, Kind, Peer, Rounds};
@@ -381,6 +385,13 @@ pub fn run(args: &BenchArgs) -> Result<Report, String> {
     }
     let mut tables: Vec<Table> = sizes.iter().map(|s| latency_table(&runs, s)).collect();
     tables.push(background_table(&runs));
+    // The device's own floor, measured after the servers on the same file
+    // system: what its log commits and reads cost with no server at all.
+    let seconds = if args.quick { 1 } else { 5 };
+    match fio::table(&dir, &fio::KV_PROBES, seconds) {
+        Ok(t) => tables.push(t),
+        Err(why) => eprintln!("kv-vs-redis: no fio table: {why}"),
+    }
     Ok(Report {
         experiment: "kv-vs-redis".into(),
         description: format!(

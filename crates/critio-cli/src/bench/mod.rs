@@ -10,6 +10,7 @@ mod e2_device_priority;
 mod e3_antagonists;
 mod e4_write_cache;
 mod e5_ablation;
+mod fio;
 pub(crate) mod host;
 mod kv_background;
 mod kv_vs_redis;

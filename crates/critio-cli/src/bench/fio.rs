@@ -1,0 +1,281 @@
+//! The raw device's own figures, from fio on the same file system: the
+//! floor under what a server on it can show, and what the machine itself
+//! does to a pattern of I/O, measured in the same run as the servers.
+//!
+//! ```text
+//!  probe = one measured fio job (4 KiB, O_DIRECT), optionally next to a
+//!          background writer (128 KiB sequential writes, QD 4, unpaced or
+//!          at a static rate) in its own reporting group
+//!  fio --output-format=json ... ─> the measured job's completion latency
+//!          percentiles (p50/p99/p99.9/max) and rate, and the writer's rate
+//! ```
+//!
+//! fio comes from Debian's `fio`; where it is missing, [`version`] says
+//! so and the caller prints the reason instead of the table.
+
+use std::path::Path;
+use std::process::Command;
+
+use serde_json::{json, Value};
+
+use super::report::Table;
+
+/// One measured fio job, optionally next to a background writer.
+#[derive(Clone, Debug)]
+pub struct Probe {
+    /// The row's name.
+    pub label: &'static str,
+    /// Reads (`true`) or writes.
+    pub read: bool,
+    /// fio options of the measured job (besides its file, size and time).
+    pub job: &'static [&'static str],
+    /// A background writer next to it: `None`, or its rate limit in MiB/s
+    /// (`Some(0)`: unpaced).
+    pub writer_mib_s: Option<u32>,
+}
+
+/// What one probe measured.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Measured {
+    /// The measured job's operations per second.
+    pub ops_per_s: f64,
+    /// Its completion latency percentiles and maximum, in ms.
+    pub p50_ms: f64,
+    /// 99th percentile.
+    pub p99_ms: f64,
+    /// 99.9th percentile.
+    pub p999_ms: f64,
+    /// Maximum.
+    pub max_ms: f64,
+    /// The background writer's throughput, in MB/s, if there was one.
+    pub writer_mb_s: Option<f64>,
+}
+
+/// The fio job name of the measured job and of the writer.
+const MEASURED: &str = "measured";
+const WRITER: &str = "writer";
+
+/// fio's version, or why it cannot be used.
+pub fn version() -> Result<String, String> {
+    match Command::new("fio").arg("--version").output() {
+        Ok(out) if out.status.success() => {
+            Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
+        }
+        Ok(out) => Err(format!(
+            "fio --version failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        )),
+        Err(e) => Err(format!(
+            "fio is not installed (Debian: apt-get install fio): {e}"
+        )),
+    }
+}
+
+/// Runs `probe` for `seconds` in `dir` (its files are removed after).
+pub fn measure(dir: &Path, probe: &Probe, seconds: u32) -> Result<Measured, String> {
+    let data = dir.join("fio-measured.dat");
+    let bg = dir.join("fio-writer.dat");
+    let mut args: Vec<String> = vec![
+        "--output-format=json".into(),
+        "--direct=1".into(),
+        format!("--runtime={seconds}"),
+        "--time_based".into(),
+        format!("--name={MEASURED}"),
+        format!("--filename={}", data.display()),
+        // Reads need data there: fio lays the file out first.
+        format!("--size={}", if probe.read { "1g" } else { "64m" }),
+        "--bs=4k".into(),
+        "--group_reporting".into(),
+    ];
+    args.extend(probe.job.iter().map(|s| (*s).to_owned()));
+    if let Some(rate) = probe.writer_mib_s {
+        args.extend([
+            format!("--name={WRITER}"),
+            "--new_group".into(),
+            format!("--filename={}", bg.display()),
+            "--size=1g".into(),
+            "--rw=write".into(),
+            "--bs=128k".into(),
+            "--ioengine=libaio".into(),
+            "--iodepth=4".into(),
+            "--numjobs=1".into(),
+        ]);
+        if rate > 0 {
+            args.push(format!("--rate={rate}m"));
+        }
+    }
+    let out = Command::new("fio")
+        .args(&args)
+        .output()
+        .map_err(|e| format!("cannot run fio: {e}"));
+    let _ = std::fs::remove_file(&data);
+    let _ = std::fs::remove_file(&bg);
+    let out = out?;
+    if !out.status.success() {
+        return Err(format!(
+            "fio {}: {}",
+            probe.label,
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    parse(&String::from_utf8_lossy(&out.stdout), probe.read)
+        .map_err(|e| format!("fio {}: {e}", probe.label))
+}
+
+/// The measured job's figures from fio's JSON output (anything fio
+/// printed before the JSON is skipped).
+fn parse(out: &str, read: bool) -> Result<Measured, String> {
+    let start = out.find('{').ok_or("no JSON in fio's output")?;
+    let v: Value = serde_json::from_str(&out[start..]).map_err(|e| format!("fio's JSON: {e}"))?;
+    let jobs = v["jobs"].as_array().ok_or("no jobs in fio's JSON")?;
+    let job = |name: &str| {
+        jobs.iter()
+            .find(|j| j["jobname"] == name)
+            .ok_or_else(|| format!("no job {name} in fio's JSON"))
+    };
+    let m = &job(MEASURED)?[if read { "read" } else { "write" }];
+    let clat = &m["clat_ns"];
+    let pct = |p: &str| -> Result<f64, String> {
+        clat["percentile"][p]
+            .as_f64()
+            .map(|ns| ns / 1e6)
+            .ok_or_else(|| format!("no {p} percentile"))
+    };
+    let writer_mb_s = match jobs.iter().find(|j| j["jobname"] == WRITER) {
+        Some(w) => Some(w["write"]["bw_bytes"].as_f64().ok_or("writer's bw_bytes")? / 1e6),
+        None => None,
+    };
+    Ok(Measured {
+        ops_per_s: m["iops"].as_f64().ok_or("no iops")?,
+        p50_ms: pct("50.000000")?,
+        p99_ms: pct("99.000000")?,
+        p999_ms: pct("99.900000")?,
+        max_ms: clat["max"].as_f64().ok_or("no max")? / 1e6,
+        writer_mb_s,
+    })
+}
+
+/// The probes of a key-value server's device: a log commit (a 4 KiB
+/// `O_DIRECT|O_DSYNC` write, QD 1) alone, next to a writer held to a
+/// static rate, and next to an unpaced one; and 4 KiB random reads from
+/// one thread with 16 in flight (io_uring) against 16 threads with one
+/// each (as a server's blocking readers do it).
+pub const KV_PROBES: [Probe; 5] = [
+    Probe {
+        label: "commit (4 KiB O_DSYNC write, QD 1), alone",
+        read: false,
+        job: &["--rw=write", "--ioengine=psync", "--sync=dsync"],
+        writer_mib_s: None,
+    },
+    Probe {
+        label: "commit, writer at 32 MiB/s",
+        read: false,
+        job: &["--rw=write", "--ioengine=psync", "--sync=dsync"],
+        writer_mib_s: Some(32),
+    },
+    Probe {
+        label: "commit, unpaced writer",
+        read: false,
+        job: &["--rw=write", "--ioengine=psync", "--sync=dsync"],
+        writer_mib_s: Some(0),
+    },
+    Probe {
+        label: "4 KiB random reads, 1 thread, QD 16",
+        read: true,
+        job: &["--rw=randread", "--ioengine=io_uring", "--iodepth=16"],
+        writer_mib_s: None,
+    },
+    Probe {
+        label: "4 KiB random reads, 16 threads, QD 1 each",
+        read: true,
+        job: &["--rw=randread", "--ioengine=psync", "--numjobs=16"],
+        writer_mib_s: None,
+    },
+];
+
+/// Runs `probes` in `dir`, `seconds` each, one after another, into a table.
+pub fn table(dir: &Path, probes: &[Probe], seconds: u32) -> Result<Table, String> {
+    let version = version()?;
+    let mut t = Table::new(
+        &format!("the device alone: {version} on the same file system, O_DIRECT, {seconds} s per row (latencies in ms)"),
+        &["fio job", "ops/s", "p50", "p99", "p99.9", "max", "writer MB/s"],
+    );
+    for p in probes {
+        let m = measure(dir, p, seconds)?;
+        t.row(vec![
+            json!(p.label),
+            json!(m.ops_per_s.round()),
+            json!(m.p50_ms),
+            json!(m.p99_ms),
+            json!(m.p999_ms),
+            json!(m.max_ms),
+            m.writer_mb_s.map_or(json!("-"), |w| json!(w)),
+        ]);
+    }
+    Ok(t)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Trimmed from fio 3.33's JSON (a measured job and a writer).
+    const OUT: &str = r#"note: a line fio printed first
+{
+  "fio version" : "fio-3.33",
+  "jobs" : [
+    {
+      "jobname" : "measured",
+      "read" : { "iops" : 0.0, "clat_ns" : { "max" : 0, "percentile" : { "50.000000" : 0 } } },
+      "write" : {
+        "iops" : 7324.5,
+        "clat_ns" : {
+          "max" : 1580000,
+          "percentile" : { "50.000000" : 130000, "99.000000" : 232000, "99.900000" : 528000 }
+        }
+      }
+    },
+    {
+      "jobname" : "writer",
+      "write" : { "bw_bytes" : 33554432, "iops" : 256.0 }
+    }
+  ]
+}"#;
+
+    #[test]
+    fn the_measured_job_and_the_writer_are_read_from_fios_json() {
+        let m = parse(OUT, false).unwrap();
+        assert_eq!(m.ops_per_s, 7324.5);
+        assert_eq!((m.p50_ms, m.p99_ms, m.p999_ms), (0.13, 0.232, 0.528));
+        assert_eq!(m.max_ms, 1.58);
+        assert_eq!(m.writer_mb_s, Some(33.554432));
+        // The read side has no 99th percentile: an error, not a zero.
+        assert!(parse(OUT, true).unwrap_err().contains("99.000000"));
+        assert!(parse("fio: no output", false).is_err());
+    }
+
+    #[test]
+    fn a_probe_runs_where_fio_is_installed() {
+        if let Err(why) = version() {
+            eprintln!("skipped: {why}");
+            return;
+        }
+        let dir = std::env::temp_dir().join(format!("critio-fio-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let probe = Probe {
+            writer_mib_s: Some(8),
+            ..KV_PROBES[0].clone()
+        };
+        let m = measure(&dir, &probe, 1);
+        let _ = std::fs::remove_dir_all(&dir);
+        let m = match m {
+            // A file system without O_DIRECT (tmpfs) is not a device.
+            Err(e) if e.contains("direct=1") => return eprintln!("skipped: {e}"),
+            m => m.unwrap(),
+        };
+        assert!(m.ops_per_s > 0.0, "{m:?}");
+        assert!(m.p50_ms > 0.0 && m.p50_ms <= m.p99_ms && m.p99_ms <= m.p999_ms);
+        assert!(m.p999_ms <= m.max_ms + 1e-9, "{m:?}");
+        assert!(m.writer_mb_s.is_some_and(|w| w > 0.0), "{m:?}");
+    }
+}
