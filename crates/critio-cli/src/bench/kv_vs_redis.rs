@@ -35,6 +35,7 @@ use super::host;
 use super::kv_background::TestResult;
 use super::peers::{benchmark, info_u64, redis_server_version, BackgroundLoop, Kind, Peer, Rounds};
 use super::report::{Goal, Report, Table, Target};
+use super::stalls::{StallProbe, Stalls, STALL};
 use super::BenchArgs;
 
 const CLIENTS: u32 = 20;
@@ -109,6 +110,8 @@ struct Run {
     seconds: f64,
     rounds: Rounds,
     checkpoints: u64,
+    /// The machine's stalls during the SET and the GET load.
+    stalls: [Stalls; 2],
 }
 
 impl Run {
@@ -168,7 +171,11 @@ fn run_peer(kind: Kind, size: &Size, dir: &Path) -> Result<Vec<Run>, String> {
         };
         let ckpt = checkpoints(&peer);
         let started = Instant::now();
-        let bench = |test, n| benchmark(&peer, test, n, CLIENTS, size.keys, VALUE_BYTES);
+        let bench = |test, n| -> Result<(TestResult, Stalls), String> {
+            let probe = StallProbe::start()?;
+            let result = benchmark(&peer, test, n, CLIENTS, size.keys, VALUE_BYTES);
+            Ok((result?, probe.stop()))
+        };
         let set = bench("set", size.set_requests);
         let get = bench("get", size.get_requests);
         let seconds = started.elapsed().as_secs_f64();
@@ -176,15 +183,17 @@ fn run_peer(kind: Kind, size: &Size, dir: &Path) -> Result<Vec<Run>, String> {
             Some(bg) => bg.stop()?,
             None => Rounds::default(),
         };
+        let ((set, set_stalls), (get, get_stalls)) = (set?, get?);
         runs.push(Run {
             kind,
             size: size.name,
             background,
-            set: set?,
-            get: get?,
+            set,
+            get,
             seconds,
             rounds,
             checkpoints: checkpoints(&peer).saturating_sub(ckpt),
+            stalls: [set_stalls, get_stalls],
         });
     }
     pb.finish_and_clear();
@@ -210,10 +219,21 @@ fn latency_table(runs: &[Run], size: &Size) -> Table {
             size.set_requests,
             size.get_requests
         ),
-        &["server", "phase", "test", "req/s", "p50 ms", "p99 ms", "p99.9 ms", "max ms"],
+        &[
+            "server",
+            "phase",
+            "test",
+            "req/s",
+            "p50 ms",
+            "p99 ms",
+            "p99.9 ms",
+            "max ms",
+            "stalls",
+            "stall max ms",
+        ],
     );
     for r in runs.iter().filter(|r| r.size == size.name) {
-        for x in [&r.set, &r.get] {
+        for (x, st) in [&r.set, &r.get].into_iter().zip(&r.stalls) {
             t.row(vec![
                 json!(r.kind.label()),
                 json!(if r.background { "background" } else { "alone" }),
@@ -223,6 +243,8 @@ fn latency_table(runs: &[Run], size: &Size) -> Table {
                 json!(x.p99_ms),
                 json!(x.p999_ms),
                 json!(x.max_ms),
+                json!(st.stalls),
+                json!(st.longest_ms),
             ]);
         }
     }
@@ -383,6 +405,7 @@ pub fn run(args: &BenchArgs) -> Result<Report, String> {
             runs.extend(run_peer(kind, size, &dir)?);
         }
     }
+    let realtime = runs.iter().all(|r| r.stalls.iter().all(|s| s.realtime));
     let mut tables: Vec<Table> = sizes.iter().map(|s| latency_table(&runs, s)).collect();
     tables.push(background_table(&runs));
     // The device's own floor, measured after the servers on the same file
@@ -398,8 +421,21 @@ pub fn run(args: &BenchArgs) -> Result<Report, String> {
             "critio-kv (critio serve --device file: io_uring, O_DIRECT) against Redis {version} \
              (appendonly yes, appendfsync always) on the same file system, {} on {machine}; \
              the same redis-benchmark load, alone and while each runs BGSAVE and BGREWRITEAOF \
-             back to back. p99.9 is redis-benchmark's first listed percentile at or above 99.9%.",
-            dir.display()
+             back to back. p99.9 is redis-benchmark's first listed percentile at or above 99.9%. \
+             stalls: how often a {} thread sleeping 1 ms at a time woke more than {} ms late \
+             during that load ({}), and its latest wake-up.",
+            dir.display(),
+            if realtime {
+                "real-time"
+            } else {
+                "normal-priority (no right to run real-time)"
+            },
+            STALL.as_millis(),
+            if realtime {
+                "the machine itself: while it is late, no normal thread runs on its CPU"
+            } else {
+                "the machine and its CPU queues"
+            },
         ),
         tables,
         targets: targets(&runs, redis.is_ok()),
