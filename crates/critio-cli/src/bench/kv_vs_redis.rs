@@ -35,7 +35,7 @@ use super::host;
 use super::kv_background::TestResult;
 use super::peers::{benchmark, info_u64, redis_server_version, BackgroundLoop, Kind, Peer, Rounds};
 use super::report::{Goal, Report, Table, Target};
-use super::stalls::{StallProbe, Stalls, STALL};
+use super::stalls::{self, probed, Stalls};
 use super::BenchArgs;
 
 const CLIENTS: u32 = 20;
@@ -171,11 +171,7 @@ fn run_peer(kind: Kind, size: &Size, dir: &Path) -> Result<Vec<Run>, String> {
         };
         let ckpt = checkpoints(&peer);
         let started = Instant::now();
-        let bench = |test, n| -> Result<(TestResult, Stalls), String> {
-            let probe = StallProbe::start()?;
-            let result = benchmark(&peer, test, n, CLIENTS, size.keys, VALUE_BYTES);
-            Ok((result?, probe.stop()))
-        };
+        let bench = |test, n| probed(|| benchmark(&peer, test, n, CLIENTS, size.keys, VALUE_BYTES));
         let set = bench("set", size.set_requests);
         let get = bench("get", size.get_requests);
         let seconds = started.elapsed().as_secs_f64();
@@ -422,20 +418,9 @@ pub fn run(args: &BenchArgs) -> Result<Report, String> {
              (appendonly yes, appendfsync always) on the same file system, {} on {machine}; \
              the same redis-benchmark load, alone and while each runs BGSAVE and BGREWRITEAOF \
              back to back. p99.9 is redis-benchmark's first listed percentile at or above 99.9%. \
-             stalls: how often a {} thread sleeping 1 ms at a time woke more than {} ms late \
-             during that load ({}), and its latest wake-up.",
+             {}.",
             dir.display(),
-            if realtime {
-                "real-time"
-            } else {
-                "normal-priority (no right to run real-time)"
-            },
-            STALL.as_millis(),
-            if realtime {
-                "the machine itself: while it is late, no normal thread runs on its CPU"
-            } else {
-                "the machine and its CPU queues"
-            },
+            stalls::describe(realtime),
         ),
         tables,
         targets: targets(&runs, redis.is_ok()),

@@ -41,6 +41,7 @@ use super::host;
 use super::kv_background::TestResult;
 use super::peers::{benchmark, redis_server_version, BackgroundLoop, Peer, Rounds};
 use super::report::{Goal, Report, Table, Target};
+use super::stalls::{self, probed, Stalls};
 use super::BenchArgs;
 
 const CLIENTS: u32 = 20;
@@ -122,6 +123,8 @@ struct Run {
     rounds: Rounds,
     /// What `critio run --stats` printed (critio run only).
     stats: Vec<String>,
+    /// The machine's stalls during the SET and the GET load.
+    stalls: [Stalls; 2],
 }
 
 impl Run {
@@ -222,7 +225,7 @@ fn run_setup(setup: Setup, size: &Size, dir: &Path) -> Result<Run, String> {
     };
     let ionice = (setup == Setup::IoniceChildren).then(|| IoniceChildren::start(peer.pid()));
     let started = Instant::now();
-    let bench = |test, n| benchmark(&peer, test, n, CLIENTS, size.keys, VALUE_BYTES);
+    let bench = |test, n| probed(|| benchmark(&peer, test, n, CLIENTS, size.keys, VALUE_BYTES));
     let set = bench("set", size.set_requests);
     let get = bench("get", size.get_requests);
     let seconds = started.elapsed().as_secs_f64();
@@ -245,13 +248,15 @@ fn run_setup(setup: Setup, size: &Size, dir: &Path) -> Result<Run, String> {
         .collect();
     let _ = std::fs::remove_file(&stats_path);
     let _ = std::fs::remove_file(&config);
+    let ((set, set_stalls), (get, get_stalls)) = (set?, get?);
     Ok(Run {
         setup,
-        set: set?,
-        get: get?,
+        set,
+        get,
         seconds,
         rounds,
         stats,
+        stalls: [set_stalls, get_stalls],
     })
 }
 
@@ -283,6 +288,7 @@ pub fn run(args: &BenchArgs) -> Result<Report, String> {
             eprintln!("run-redis: {}: {line}", r.setup.name());
         }
     }
+    let realtime = runs.iter().all(|r| r.stalls.iter().all(|s| s.realtime));
     // Each server removed its own data directory when it stopped; `dir`
     // itself may be the user's (`--device file:DIR`) and stays.
     Ok(Report {
@@ -295,14 +301,21 @@ pub fn run(args: &BenchArgs) -> Result<Report, String> {
              tmpfs (no disk I/O: what fork, copy-on-write and the CPU cost alone), with the loop and alone. \
              {} keys x {VALUE_BYTES} B; \
              redis-benchmark -c {CLIENTS} -r {} -d {VALUE_BYTES}, SET -n {}, GET -n {}. p99.9 is \
-             redis-benchmark's first listed percentile at or above 99.9%.",
+             redis-benchmark's first listed percentile at or above 99.9%. {}.",
             dir.display(),
             size.keys,
             size.keys,
             size.set_requests,
-            size.get_requests
+            size.get_requests,
+            stalls::describe(realtime),
         ),
-        tables: vec![table(&runs)],
+        tables: vec![
+            table(&runs),
+            stalls::table(
+                "the machine during each setup's loads",
+                runs.iter().map(|r| (r.setup.name(), r.stalls)),
+            ),
+        ],
         targets: targets(&runs),
     })
 }

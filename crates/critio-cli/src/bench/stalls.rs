@@ -22,6 +22,9 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use critio::sys::{set_thread_policy, SchedPolicy};
+use serde_json::json;
+
+use super::report::Table;
 
 /// How long the probe sleeps each time.
 const PERIOD: Duration = Duration::from_millis(1);
@@ -64,6 +67,58 @@ impl StallProbe {
         self.stop.store(true, Ordering::Relaxed);
         self.thread.join().unwrap_or_default()
     }
+}
+
+/// Runs `load` with a probe beside it: its outcome and the stalls seen.
+pub fn probed<T>(load: impl FnOnce() -> Result<T, String>) -> Result<(T, Stalls), String> {
+    let probe = StallProbe::start()?;
+    let out = load();
+    let stalls = probe.stop();
+    Ok((out?, stalls))
+}
+
+/// The table of what the probes saw, one row per `(label, SET, GET)`.
+pub fn table<'a>(title: &str, rows: impl IntoIterator<Item = (&'a str, [Stalls; 2])>) -> Table {
+    let mut t = Table::new(
+        title,
+        &[
+            "setup",
+            "SET stalls",
+            "SET stall max ms",
+            "GET stalls",
+            "GET stall max ms",
+        ],
+    );
+    for (label, [set, get]) in rows {
+        t.row(vec![
+            json!(label),
+            json!(set.stalls),
+            json!(set.longest_ms),
+            json!(get.stalls),
+            json!(get.longest_ms),
+        ]);
+    }
+    t
+}
+
+/// Says what the probe is, for an experiment's description: whether it
+/// ran real-time in every load.
+pub fn describe(realtime: bool) -> String {
+    format!(
+        "stalls: how often a {} thread sleeping 1 ms at a time woke more than {} ms late \
+         during that load ({}), and its latest wake-up",
+        if realtime {
+            "real-time"
+        } else {
+            "normal-priority (no right to run real-time)"
+        },
+        STALL.as_millis(),
+        if realtime {
+            "the machine itself: while it is late, no normal thread runs on its CPU"
+        } else {
+            "the machine and its CPU queues"
+        },
+    )
 }
 
 fn probe(stop: &AtomicBool) -> Stalls {
