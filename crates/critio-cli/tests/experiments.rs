@@ -146,6 +146,10 @@ fn every_experiment_runs_short_and_reports() {
             assert!(out.contains("the device alone: fio"), "{out}");
             assert!(out.contains("commit, unpaced writer"), "{out}");
         }
+        if ["kv-vs-redis", "run-redis"].contains(&name.as_str()) {
+            // The machine's own stalls are printed beside the tails.
+            assert!(out.contains("stall max ms"), "{out}");
+        }
         if name == "e1-request-latency" {
             // On the simulated SSD the kernel baseline is an emulation,
             // and the output says so.
