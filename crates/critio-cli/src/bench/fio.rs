@@ -155,6 +155,9 @@ fn parse(out: &str, read: bool) -> Result<Measured, String> {
     })
 }
 
+/// A log commit: a 4 KiB `O_DIRECT|O_DSYNC` write, QD 1.
+const COMMIT: &[&str] = &["--rw=write", "--ioengine=psync", "--sync=dsync"];
+
 /// The probes of a key-value server's device: a log commit (a 4 KiB
 /// `O_DIRECT|O_DSYNC` write, QD 1) alone, next to a writer held to a
 /// static rate, and next to an unpaced one; and 4 KiB random reads from
@@ -164,19 +167,19 @@ pub const KV_PROBES: [Probe; 5] = [
     Probe {
         label: "commit (4 KiB O_DSYNC write, QD 1), alone",
         read: false,
-        job: &["--rw=write", "--ioengine=psync", "--sync=dsync"],
+        job: COMMIT,
         writer_mib_s: None,
     },
     Probe {
         label: "commit, writer at 32 MiB/s",
         read: false,
-        job: &["--rw=write", "--ioengine=psync", "--sync=dsync"],
+        job: COMMIT,
         writer_mib_s: Some(32),
     },
     Probe {
         label: "commit, unpaced writer",
         read: false,
-        job: &["--rw=write", "--ioengine=psync", "--sync=dsync"],
+        job: COMMIT,
         writer_mib_s: Some(0),
     },
     Probe {

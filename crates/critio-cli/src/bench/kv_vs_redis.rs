@@ -401,7 +401,6 @@ pub fn run(args: &BenchArgs) -> Result<Report, String> {
             runs.extend(run_peer(kind, size, &dir)?);
         }
     }
-    let realtime = runs.iter().all(|r| r.stalls.iter().all(|s| s.realtime));
     let mut tables: Vec<Table> = sizes.iter().map(|s| latency_table(&runs, s)).collect();
     tables.push(background_table(&runs));
     // The device's own floor, measured after the servers on the same file
@@ -420,7 +419,7 @@ pub fn run(args: &BenchArgs) -> Result<Report, String> {
              back to back. p99.9 is redis-benchmark's first listed percentile at or above 99.9%. \
              {}.",
             dir.display(),
-            stalls::describe(realtime),
+            stalls::describe(runs.iter().flat_map(|r| &r.stalls)),
         ),
         tables,
         targets: targets(&runs, redis.is_ok()),

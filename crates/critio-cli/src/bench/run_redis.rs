@@ -288,7 +288,6 @@ pub fn run(args: &BenchArgs) -> Result<Report, String> {
             eprintln!("run-redis: {}: {line}", r.setup.name());
         }
     }
-    let realtime = runs.iter().all(|r| r.stalls.iter().all(|s| s.realtime));
     // Each server removed its own data directory when it stopped; `dir`
     // itself may be the user's (`--device file:DIR`) and stays.
     Ok(Report {
@@ -307,7 +306,7 @@ pub fn run(args: &BenchArgs) -> Result<Report, String> {
             size.keys,
             size.set_requests,
             size.get_requests,
-            stalls::describe(realtime),
+            stalls::describe(runs.iter().flat_map(|r| &r.stalls)),
         ),
         tables: vec![
             table(&runs),

@@ -29,7 +29,7 @@ use super::report::Table;
 /// How long the probe sleeps each time.
 const PERIOD: Duration = Duration::from_millis(1);
 /// A wake-up this late counts as a stall.
-pub const STALL: Duration = Duration::from_millis(3);
+const STALL: Duration = Duration::from_millis(3);
 
 /// What one probe saw.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -102,8 +102,9 @@ pub fn table<'a>(title: &str, rows: impl IntoIterator<Item = (&'a str, [Stalls; 
 }
 
 /// Says what the probe is, for an experiment's description: whether it
-/// ran real-time in every load.
-pub fn describe(realtime: bool) -> String {
+/// ran real-time in every load of `seen`.
+pub fn describe<'a>(seen: impl IntoIterator<Item = &'a Stalls>) -> String {
+    let realtime = seen.into_iter().all(|s| s.realtime);
     format!(
         "stalls: how often a {} thread sleeping 1 ms at a time woke more than {} ms late \
          during that load ({}), and its latest wake-up",
