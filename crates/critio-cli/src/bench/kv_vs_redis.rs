@@ -216,21 +216,15 @@ fn latency_table(runs: &[Run], size: &Size) -> Table {
             size.get_requests
         ),
         &[
-            "server",
-            "phase",
-            "test",
-            "req/s",
-            "p50 ms",
-            "p99 ms",
-            "p99.9 ms",
-            "max ms",
-            "stalls",
-            "stall max ms",
-        ],
+            "server", "phase", "test", "req/s", "p50 ms", "p99 ms", "p99.9 ms", "max ms",
+        ]
+        .into_iter()
+        .chain(stalls::COLUMNS)
+        .collect::<Vec<_>>(),
     );
     for r in runs.iter().filter(|r| r.size == size.name) {
         for (x, st) in [&r.set, &r.get].into_iter().zip(&r.stalls) {
-            t.row(vec![
+            let mut row = vec![
                 json!(r.kind.label()),
                 json!(if r.background { "background" } else { "alone" }),
                 json!(x.name),
@@ -239,9 +233,9 @@ fn latency_table(runs: &[Run], size: &Size) -> Table {
                 json!(x.p99_ms),
                 json!(x.p999_ms),
                 json!(x.max_ms),
-                json!(st.stalls),
-                json!(st.longest_ms),
-            ]);
+            ];
+            row.extend(st.cells());
+            t.row(row);
         }
     }
     t

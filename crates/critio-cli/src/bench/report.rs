@@ -107,6 +107,8 @@ impl Table {
 fn fmt_cell(v: &Value) -> String {
     match v {
         Value::String(s) => s.clone(),
+        // Not measured (an optional column's missing value).
+        Value::Null => "-".to_owned(),
         Value::Number(n) if n.is_f64() => {
             let x = n.as_f64().unwrap_or(f64::NAN);
             if x.abs() >= 100.0 {

@@ -15,6 +15,14 @@
 //! tails prints them beside it.
 //! Without the right to run real-time (not root) the probe runs at normal
 //! priority and says so: its lateness then includes CPU queueing.
+//!
+//! Beside the stalls, the probe reads the kernel's CPU accounting
+//! (`/proc/stat`) before and after the load: how many of the guest's CPUs
+//! were busy on average, and the share of CPU time the host took
+//! (`steal`: a virtual CPU ready to run, not run). On this project's
+//! virtual machine the two explain each other: with the disk busy and
+//! the guest's CPUs mostly busy too, the host stops the whole guest for
+//! tens of milliseconds, which shows as steal and as stalls.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -42,12 +50,78 @@ pub struct Stalls {
     pub stalls: u64,
     /// The latest, in ms.
     pub longest_ms: f64,
+    /// The guest's CPUs busy on average during the load (of
+    /// [`Stalls::cpus`]); `None` where `/proc/stat` cannot be read.
+    pub busy_cpus: Option<f64>,
+    /// The share of the CPUs' time the host took (`steal`), in percent.
+    pub steal_pct: Option<f64>,
+    /// The CPUs the kernel accounts for.
+    pub cpus: u32,
+}
+
+/// CPU time from `/proc/stat`'s first line, in the kernel's ticks.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct CpuTimes {
+    /// user, nice, system, irq, softirq.
+    busy: u64,
+    /// idle and iowait.
+    idle: u64,
+    steal: u64,
+}
+
+impl CpuTimes {
+    /// Parses the `cpu` line of `/proc/stat` (`cpu user nice system idle
+    /// iowait irq softirq steal guest guest_nice`; guest time is counted
+    /// in user already) and the number of `cpuN` lines.
+    fn parse(stat: &str) -> Option<(Self, u32)> {
+        let mut lines = stat.lines();
+        let total = lines.next()?.strip_prefix("cpu ")?;
+        let f: Vec<u64> = total
+            .split_whitespace()
+            .map(|x| x.parse().ok())
+            .collect::<Option<_>>()?;
+        if f.len() < 8 {
+            return None;
+        }
+        let cpus = lines
+            .take_while(|l| l.starts_with("cpu"))
+            .count()
+            .try_into()
+            .ok()?;
+        let times = Self {
+            busy: f[0] + f[1] + f[2] + f[5] + f[6],
+            idle: f[3] + f[4],
+            steal: f[7],
+        };
+        Some((times, cpus))
+    }
+
+    fn now() -> Option<(Self, u32)> {
+        Self::parse(&std::fs::read_to_string("/proc/stat").ok()?)
+    }
+
+    /// Busy CPUs and steal in percent between `self` and `later`, on `cpus`
+    /// CPUs; `None` if no time passed.
+    fn between(self, later: Self, cpus: u32) -> Option<(f64, f64)> {
+        let busy = later.busy.checked_sub(self.busy)?;
+        let idle = later.idle.checked_sub(self.idle)?;
+        let steal = later.steal.checked_sub(self.steal)?;
+        let all = busy + idle + steal;
+        (all > 0).then(|| {
+            let all = all as f64;
+            (
+                busy as f64 / all * f64::from(cpus),
+                steal as f64 / all * 100.0,
+            )
+        })
+    }
 }
 
 /// A running probe; [`StallProbe::stop`] ends it.
 pub struct StallProbe {
     stop: Arc<AtomicBool>,
     thread: JoinHandle<Stalls>,
+    cpu: Option<(CpuTimes, u32)>,
 }
 
 impl StallProbe {
@@ -59,13 +133,29 @@ impl StallProbe {
             .name("critio-stall-probe".into())
             .spawn(move || probe(&flag))
             .map_err(|e| format!("cannot start the stall probe: {e}"))?;
-        Ok(Self { stop, thread })
+        Ok(Self {
+            stop,
+            thread,
+            cpu: CpuTimes::now(),
+        })
     }
 
     /// Stops it and returns what it saw.
     pub fn stop(self) -> Stalls {
+        let cpu = self
+            .cpu
+            .zip(CpuTimes::now())
+            .and_then(|((before, cpus), (after, _))| {
+                before.between(after, cpus).map(|x| (x, cpus))
+            });
         self.stop.store(true, Ordering::Relaxed);
-        self.thread.join().unwrap_or_default()
+        let mut s = self.thread.join().unwrap_or_default();
+        if let Some(((busy, steal), cpus)) = cpu {
+            s.busy_cpus = Some(busy);
+            s.steal_pct = Some(steal);
+            s.cpus = cpus;
+        }
+        s
     }
 }
 
@@ -85,29 +175,49 @@ pub fn table<'a>(title: &str, rows: impl IntoIterator<Item = (&'a str, [Stalls; 
             "setup",
             "SET stalls",
             "SET stall max ms",
+            "SET CPUs busy",
+            "SET steal %",
             "GET stalls",
             "GET stall max ms",
+            "GET CPUs busy",
+            "GET steal %",
         ],
     );
     for (label, [set, get]) in rows {
-        t.row(vec![
-            json!(label),
-            json!(set.stalls),
-            json!(set.longest_ms),
-            json!(get.stalls),
-            json!(get.longest_ms),
-        ]);
+        let mut row = vec![json!(label)];
+        row.extend(set.cells());
+        row.extend(get.cells());
+        t.row(row);
     }
     t
+}
+
+/// The column names of [`Stalls::cells`].
+pub const COLUMNS: [&str; 4] = ["stalls", "stall max ms", "CPUs busy", "steal %"];
+
+impl Stalls {
+    /// Its cells under [`COLUMNS`]; `-` for what was not measured.
+    pub fn cells(&self) -> [serde_json::Value; 4] {
+        [
+            json!(self.stalls),
+            json!(self.longest_ms),
+            json!(self.busy_cpus),
+            json!(self.steal_pct),
+        ]
+    }
 }
 
 /// Says what the probe is, for an experiment's description: whether it
 /// ran real-time in every load of `seen`.
 pub fn describe<'a>(seen: impl IntoIterator<Item = &'a Stalls>) -> String {
-    let realtime = seen.into_iter().all(|s| s.realtime);
+    let seen: Vec<&Stalls> = seen.into_iter().collect();
+    let realtime = seen.iter().all(|s| s.realtime);
+    let cpus = seen.iter().map(|s| s.cpus).max().unwrap_or(0);
     format!(
         "stalls: how often a {} thread sleeping 1 ms at a time woke more than {} ms late \
-         during that load ({}), and its latest wake-up",
+         during that load ({}), and its latest wake-up; CPUs busy: the guest's CPUs busy \
+         on average (of {cpus}); steal %: the share of their time the host took \
+         (/proc/stat)",
         if realtime {
             "real-time"
         } else {
@@ -156,5 +266,53 @@ mod tests {
         assert!(s.wakeups >= 1 && s.wakeups <= 61, "{s:?}");
         assert!(s.stalls <= s.wakeups, "{s:?}");
         assert!(s.longest_ms >= 0.0, "{s:?}");
+        if std::path::Path::new("/proc/stat").exists() {
+            assert!(s.cpus >= 1, "{s:?}");
+            let busy = s.busy_cpus.expect("/proc/stat is readable");
+            assert!((0.0..=f64::from(s.cpus)).contains(&busy), "{s:?}");
+            assert!(s.steal_pct.is_some_and(|x| (0.0..=100.0).contains(&x)));
+        }
+    }
+
+    const STAT: &str = "cpu  100 10 50 800 20 5 5 10 0 0\n\
+                        cpu0 50 5 25 400 10 2 3 5 0 0\n\
+                        cpu1 50 5 25 400 10 3 2 5 0 0\n\
+                        intr 12345\n";
+
+    #[test]
+    fn proc_stat_gives_busy_idle_and_steal_and_the_cpu_count() {
+        let (t, cpus) = CpuTimes::parse(STAT).unwrap();
+        assert_eq!(cpus, 2);
+        assert_eq!(
+            t,
+            CpuTimes {
+                busy: 100 + 10 + 50 + 5 + 5,
+                idle: 800 + 20,
+                steal: 10
+            }
+        );
+        assert_eq!(CpuTimes::parse("intr 1\n"), None);
+        assert_eq!(CpuTimes::parse("cpu  1 2 x 4 5 6 7 8\n"), None);
+        assert_eq!(CpuTimes::parse("cpu  1 2 3\n"), None);
+    }
+
+    #[test]
+    fn busy_cpus_and_steal_are_shares_of_the_time_between_two_readings() {
+        let before = CpuTimes {
+            busy: 100,
+            idle: 100,
+            steal: 0,
+        };
+        // 200 ticks passed on 2 CPUs: 150 busy, 30 idle, 20 stolen.
+        let after = CpuTimes {
+            busy: 250,
+            idle: 130,
+            steal: 20,
+        };
+        let (busy, steal) = before.between(after, 2).unwrap();
+        assert!((busy - 1.5).abs() < 1e-9, "{busy}");
+        assert!((steal - 10.0).abs() < 1e-9, "{steal}");
+        assert_eq!(before.between(before, 2), None, "no time passed");
+        assert_eq!(after.between(before, 2), None, "counters went back");
     }
 }
