@@ -58,6 +58,13 @@ enum Command {
         /// A workload file instead of the experiment's built-in one.
         #[arg(long, value_name = "FILE")]
         workload: Option<PathBuf>,
+        /// kv-vs-redis, run-redis: run the servers (and fio) on these CPUs
+        /// (a list: 1, 0-3, 0,2); default: where the kernel puts them.
+        #[arg(long, value_name = "CPUS")]
+        server_cpus: Option<String>,
+        /// kv-vs-redis, run-redis: run redis-benchmark on these CPUs.
+        #[arg(long, value_name = "CPUS")]
+        client_cpus: Option<String>,
         /// With `all`: write every experiment's results to this Markdown file.
         #[arg(long, value_name = "PATH")]
         results: Option<PathBuf>,
@@ -72,6 +79,9 @@ enum Command {
     Run(run::RunArgs),
 }
 
+/// The experiments that run servers and a load generator as processes.
+const PLACED: [&str; 2] = ["kv-vs-redis", "run-redis"];
+
 fn bench(
     experiment: Option<String>,
     args: bench::BenchArgs,
@@ -84,6 +94,12 @@ fn bench(
         }
         return Ok(());
     };
+    if args.placement.is_set() && !PLACED.contains(&name.as_str()) {
+        return Err(format!(
+            "--server-cpus and --client-cpus place the servers of {}; {name} runs none",
+            PLACED.join(" and ")
+        ));
+    }
     if name == "all" {
         let path = results.unwrap_or_else(|| PathBuf::from("docs/RESULTS.md"));
         results::write(&path, args.quick, args.device.clone())?;
@@ -128,19 +144,25 @@ fn main() -> ExitCode {
             quick,
             device,
             workload,
+            server_cpus,
+            client_cpus,
             results,
             list,
-        } => bench(
-            experiment,
-            bench::BenchArgs {
-                quick,
-                json,
-                device,
-                workload,
-            },
-            results,
-            list,
-        ),
+        } => bench::placement::Placement::parse(server_cpus.as_deref(), client_cpus.as_deref())
+            .and_then(|placement| {
+                bench(
+                    experiment,
+                    bench::BenchArgs {
+                        quick,
+                        json,
+                        device,
+                        workload,
+                        placement,
+                    },
+                    results,
+                    list,
+                )
+            }),
         Command::Serve(args) => serve::run(args),
     };
     match result {

@@ -165,6 +165,7 @@ pub fn write(path: &Path, quick: bool, device: Option<String>) -> Result<(), Str
                 json: Some(dir.join(format!("{}.json", e.name))),
                 device,
                 workload: None,
+                placement: Default::default(),
             };
             let started = Instant::now();
             let report = (e.run)(&args);

@@ -149,7 +149,10 @@ fn every_experiment_runs_short_and_reports() {
         if ["kv-vs-redis", "run-redis"].contains(&name.as_str()) {
             // The machine's own stalls are printed beside the tails.
             assert!(out.contains("stall max ms"), "{out}");
-            assert!(out.contains("steal %") && out.contains("CPUs busy"), "{out}");
+            assert!(
+                out.contains("steal %") && out.contains("CPUs busy"),
+                "{out}"
+            );
         }
         if name == "e1-request-latency" {
             // On the simulated SSD the kernel baseline is an emulation,

@@ -18,6 +18,7 @@ use std::process::Command;
 
 use serde_json::{json, Value};
 
+use super::placement::spawn_on;
 use super::report::Table;
 
 /// One measured fio job, optionally next to a background writer.
@@ -71,8 +72,14 @@ pub fn version() -> Result<String, String> {
     }
 }
 
-/// Runs `probe` for `seconds` in `dir` (its files are removed after).
-pub fn measure(dir: &Path, probe: &Probe, seconds: u32) -> Result<Measured, String> {
+/// Runs `probe` for `seconds` in `dir` (its files are removed after), on
+/// `cpus` if given.
+pub fn measure(
+    dir: &Path,
+    probe: &Probe,
+    seconds: u32,
+    cpus: Option<&[usize]>,
+) -> Result<Measured, String> {
     let data = dir.join("fio-measured.dat");
     let bg = dir.join("fio-writer.dat");
     let mut args: Vec<String> = vec![
@@ -104,10 +111,12 @@ pub fn measure(dir: &Path, probe: &Probe, seconds: u32) -> Result<Measured, Stri
             args.push(format!("--rate={rate}m"));
         }
     }
-    let out = Command::new("fio")
-        .args(&args)
-        .output()
-        .map_err(|e| format!("cannot run fio: {e}"));
+    let out = spawn_on(cpus, || {
+        Command::new("fio")
+            .args(&args)
+            .output()
+            .map_err(|e| format!("cannot run fio: {e}"))
+    });
     let _ = std::fs::remove_file(&data);
     let _ = std::fs::remove_file(&bg);
     let out = out?;
@@ -196,15 +205,24 @@ pub const KV_PROBES: [Probe; 5] = [
     },
 ];
 
-/// Runs `probes` in `dir`, `seconds` each, one after another, into a table.
-pub fn table(dir: &Path, probes: &[Probe], seconds: u32) -> Result<Table, String> {
+/// Runs `probes` in `dir`, `seconds` each, one after another, into a
+/// table; on `cpus` if given.
+pub fn table(
+    dir: &Path,
+    probes: &[Probe],
+    seconds: u32,
+    cpus: Option<&[usize]>,
+) -> Result<Table, String> {
     let version = version()?;
+    let on = cpus.map_or_else(String::new, |c| {
+        format!(", on CPU {}", super::placement::format_cpu_list(c))
+    });
     let mut t = Table::new(
-        &format!("the device alone: {version} on the same file system, O_DIRECT, {seconds} s per row (latencies in ms)"),
+        &format!("the device alone: {version} on the same file system, O_DIRECT, {seconds} s per row{on} (latencies in ms)"),
         &["fio job", "ops/s", "p50", "p99", "p99.9", "max", "writer MB/s"],
     );
     for p in probes {
-        let m = measure(dir, p, seconds)?;
+        let m = measure(dir, p, seconds, cpus)?;
         t.row(vec![
             json!(p.label),
             json!(m.ops_per_s.round()),
@@ -269,7 +287,7 @@ mod tests {
             writer_mib_s: Some(8),
             ..KV_PROBES[0].clone()
         };
-        let m = measure(&dir, &probe, 1);
+        let m = measure(&dir, &probe, 1, None);
         let _ = std::fs::remove_dir_all(&dir);
         let m = match m {
             // A file system without O_DIRECT (tmpfs) is not a device.

@@ -34,6 +34,7 @@ use super::fio;
 use super::host;
 use super::kv_background::TestResult;
 use super::peers::{benchmark, info_u64, redis_server_version, BackgroundLoop, Kind, Peer, Rounds};
+use super::placement::Placement;
 use super::report::{Goal, Report, Table, Target};
 use super::stalls::{self, probed, Stalls};
 use super::BenchArgs;
@@ -145,12 +146,22 @@ fn checkpoints(peer: &Peer) -> u64 {
 }
 
 /// Both phases of one server at one size.
-fn run_peer(kind: Kind, size: &Size, dir: &Path) -> Result<Vec<Run>, String> {
+fn run_peer(
+    kind: Kind,
+    size: &Size,
+    dir: &Path,
+    placement: &Placement,
+) -> Result<Vec<Run>, String> {
     let label = format!("{} {}", size.name, kind.label());
     let pb = bar(&label);
     let peer = match kind {
-        Kind::Redis => Peer::redis(&dir.join("redis"))?,
-        Kind::Critio(s) => Peer::critio(&dir.join(format!("critio-{s}")), s, &critio_config(size))?,
+        Kind::Redis => Peer::redis(&dir.join("redis"), placement)?,
+        Kind::Critio(s) => Peer::critio(
+            &dir.join(format!("critio-{s}")),
+            s,
+            &critio_config(size),
+            placement,
+        )?,
     };
     for line in &peer.banner {
         pb.suspend(|| eprintln!("kv-vs-redis: {label}: {line}"));
@@ -392,7 +403,7 @@ pub fn run(args: &BenchArgs) -> Result<Report, String> {
     let mut runs = Vec::new();
     for size in &sizes {
         for &kind in &peers {
-            runs.extend(run_peer(kind, size, &dir)?);
+            runs.extend(run_peer(kind, size, &dir, &args.placement)?);
         }
     }
     let mut tables: Vec<Table> = sizes.iter().map(|s| latency_table(&runs, s)).collect();
@@ -400,7 +411,12 @@ pub fn run(args: &BenchArgs) -> Result<Report, String> {
     // The device's own floor, measured after the servers on the same file
     // system: what its log commits and reads cost with no server at all.
     let seconds = if args.quick { 1 } else { 5 };
-    match fio::table(&dir, &fio::KV_PROBES, seconds) {
+    match fio::table(
+        &dir,
+        &fio::KV_PROBES,
+        seconds,
+        args.placement.server.as_deref(),
+    ) {
         Ok(t) => tables.push(t),
         Err(why) => eprintln!("kv-vs-redis: no fio table: {why}"),
     }
@@ -411,8 +427,9 @@ pub fn run(args: &BenchArgs) -> Result<Report, String> {
              (appendonly yes, appendfsync always) on the same file system, {} on {machine}; \
              the same redis-benchmark load, alone and while each runs BGSAVE and BGREWRITEAOF \
              back to back. p99.9 is redis-benchmark's first listed percentile at or above 99.9%. \
-             {}.",
+             Placement: {}. {}.",
             dir.display(),
+            args.placement.describe(),
             stalls::describe(runs.iter().flat_map(|r| &r.stalls)),
         ),
         tables,

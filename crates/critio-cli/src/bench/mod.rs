@@ -16,6 +16,7 @@ mod kv_background;
 mod kv_vs_redis;
 mod lock_overhead;
 mod peers;
+pub mod placement;
 mod real_device_mix;
 pub mod report;
 mod run_postgres;
@@ -38,6 +39,9 @@ pub struct BenchArgs {
     pub device: Option<String>,
     /// A workload file instead of the experiment's built-in one.
     pub workload: Option<PathBuf>,
+    /// Where the servers and the load generator run (the server
+    /// comparisons: kv-vs-redis, run-redis).
+    pub placement: placement::Placement,
 }
 
 impl BenchArgs {

@@ -18,6 +18,7 @@ use critio_kv::Scheme;
 use indicatif::ProgressBar;
 
 use super::kv_background::{parse, TestResult};
+use super::placement::{spawn_on, Placement};
 
 /// How long a server may take to start listening.
 const START_TIMEOUT: Duration = Duration::from_secs(60);
@@ -61,6 +62,8 @@ pub struct Peer {
     pub dir: PathBuf,
     /// What it printed when it started (critio: its settings line).
     pub banner: Vec<String>,
+    /// Where it and its load generator run.
+    pub placement: Placement,
     child: Child,
 }
 
@@ -104,8 +107,8 @@ fn fresh_dir(dir: &Path) -> Result<(), String> {
 impl Peer {
     /// Starts a stock redis-server in `dir` with the AOF on and fsync per
     /// write (the durability critio-kv gives), no RDB save points.
-    pub fn redis(dir: &Path) -> Result<Peer, String> {
-        Self::redis_under(dir, &[], None)
+    pub fn redis(dir: &Path, placement: &Placement) -> Result<Peer, String> {
+        Self::redis_under(dir, &[], None, placement)
     }
 
     /// [`Peer::redis`], launched as `WRAPPER... redis-server ARGS` (e.g.
@@ -115,6 +118,7 @@ impl Peer {
         dir: &Path,
         wrapper: &[std::ffi::OsString],
         stderr: Option<&Path>,
+        placement: &Placement,
     ) -> Result<Peer, String> {
         fresh_dir(dir)?;
         let port = free_port()?;
@@ -126,8 +130,7 @@ impl Peer {
             }
             None => Command::new("redis-server"),
         };
-        let child = cmd
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+        cmd.args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
             .arg("--dir")
             .arg(dir)
             .args(["--appendonly", "yes", "--appendfsync", "always"])
@@ -140,15 +143,18 @@ impl Peer {
                     .map_err(|e| format!("{}: {e}", path.display()))?
                     .into(),
                 None => Stdio::null(),
-            })
-            .spawn()
-            .map_err(|e| format!("cannot run redis-server: {e}"))?;
+            });
+        let child = spawn_on(placement.server.as_deref(), || {
+            cmd.spawn()
+                .map_err(|e| format!("cannot run redis-server: {e}"))
+        })?;
         let addr: SocketAddr = ([127, 0, 0, 1], port).into();
         let mut peer = Peer {
             kind: Kind::Redis,
             addr,
             dir: dir.to_path_buf(),
             banner: Vec::new(),
+            placement: placement.clone(),
             child,
         };
         let started = Instant::now();
@@ -166,22 +172,29 @@ impl Peer {
 
     /// Starts `critio serve` (this binary) in `dir` on a file through
     /// io_uring, with `config` as its config file.
-    pub fn critio(dir: &Path, scheme: Scheme, config: &str) -> Result<Peer, String> {
+    pub fn critio(
+        dir: &Path,
+        scheme: Scheme,
+        config: &str,
+        placement: &Placement,
+    ) -> Result<Peer, String> {
         fresh_dir(dir)?;
         let cfg_path = dir.join("critio.toml");
         std::fs::write(&cfg_path, config).map_err(|e| format!("{}: {e}", cfg_path.display()))?;
         let exe = std::env::current_exe().map_err(|e| format!("cannot find critio: {e}"))?;
-        let mut child = Command::new(exe)
-            .args(["serve", "--device", "file", "--bind", "127.0.0.1:0"])
+        let mut cmd = Command::new(exe);
+        cmd.args(["serve", "--device", "file", "--bind", "127.0.0.1:0"])
             .args(["--scheme", scheme.name()])
             .arg("--data")
             .arg(dir.join("data"))
             .arg("--config")
             .arg(&cfg_path)
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .map_err(|e| format!("cannot run critio serve: {e}"))?;
+            .stderr(Stdio::inherit());
+        let mut child = spawn_on(placement.server.as_deref(), || {
+            cmd.spawn()
+                .map_err(|e| format!("cannot run critio serve: {e}"))
+        })?;
         let out = child.stdout.take().expect("stdout is piped");
         let mut lines = BufReader::new(out).lines();
         let mut banner = Vec::new();
@@ -205,6 +218,7 @@ impl Peer {
             addr,
             dir: dir.to_path_buf(),
             banner,
+            placement: placement.clone(),
             child,
         })
     }
@@ -456,13 +470,15 @@ pub fn benchmark(
     keyspace: u64,
     value_bytes: usize,
 ) -> Result<TestResult, String> {
-    let out = Command::new("redis-benchmark")
-        .args(["-h", "127.0.0.1", "-p", &peer.addr.port().to_string()])
+    let mut cmd = Command::new("redis-benchmark");
+    cmd.args(["-h", "127.0.0.1", "-p", &peer.addr.port().to_string()])
         .args(["-t", test, "-n", &requests.to_string()])
         .args(["-c", &clients.to_string(), "-r", &keyspace.to_string()])
-        .args(["-d", &value_bytes.to_string()])
-        .output()
-        .map_err(|e| format!("cannot run redis-benchmark: {e}"))?;
+        .args(["-d", &value_bytes.to_string()]);
+    let out = spawn_on(peer.placement.client.as_deref(), || {
+        cmd.output()
+            .map_err(|e| format!("cannot run redis-benchmark: {e}"))
+    })?;
     if !out.status.success() {
         return Err(format!(
             "redis-benchmark failed ({}): {}",

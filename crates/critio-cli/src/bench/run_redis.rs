@@ -40,6 +40,7 @@ use serde_json::json;
 use super::host;
 use super::kv_background::TestResult;
 use super::peers::{benchmark, redis_server_version, BackgroundLoop, Peer, Rounds};
+use super::placement::Placement;
 use super::report::{Goal, Report, Table, Target};
 use super::stalls::{self, probed, Stalls};
 use super::BenchArgs;
@@ -185,7 +186,7 @@ fn children(pid: u32) -> Vec<i32> {
         .collect()
 }
 
-fn run_setup(setup: Setup, size: &Size, dir: &Path) -> Result<Run, String> {
+fn run_setup(setup: Setup, size: &Size, dir: &Path, placement: &Placement) -> Result<Run, String> {
     let base = if setup.in_memory() {
         PathBuf::from(TMPFS)
     } else {
@@ -213,7 +214,7 @@ fn run_setup(setup: Setup, size: &Size, dir: &Path) -> Result<Run, String> {
     } else {
         Vec::new()
     };
-    let peer = Peer::redis_under(&data, &wrapper, Some(&stats_path))?;
+    let peer = Peer::redis_under(&data, &wrapper, Some(&stats_path), placement)?;
     eprintln!("run-redis: {}: preloading {} keys", setup.name(), size.keys);
     let pb = indicatif::ProgressBar::hidden();
     peer.preload(size.keys, VALUE_BYTES, &pb)?;
@@ -281,7 +282,7 @@ pub fn run(args: &BenchArgs) -> Result<Report, String> {
             );
             continue;
         }
-        runs.push(run_setup(setup, &size, &dir)?);
+        runs.push(run_setup(setup, &size, &dir, &args.placement)?);
     }
     for r in &runs {
         for line in &r.stats {
@@ -300,12 +301,13 @@ pub fn run(args: &BenchArgs) -> Result<Report, String> {
              tmpfs (no disk I/O: what fork, copy-on-write and the CPU cost alone), with the loop and alone. \
              {} keys x {VALUE_BYTES} B; \
              redis-benchmark -c {CLIENTS} -r {} -d {VALUE_BYTES}, SET -n {}, GET -n {}. p99.9 is \
-             redis-benchmark's first listed percentile at or above 99.9%. {}.",
+             redis-benchmark's first listed percentile at or above 99.9%. Placement: {}. {}.",
             dir.display(),
             size.keys,
             size.keys,
             size.set_requests,
             size.get_requests,
+            args.placement.describe(),
             stalls::describe(runs.iter().flat_map(|r| &r.stalls)),
         ),
         tables: vec![
