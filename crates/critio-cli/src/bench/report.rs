@@ -233,4 +233,14 @@ mod tests {
         assert_eq!(v["tables"][0]["rows"][0][1], json!(12.345));
         assert_eq!(v["targets"][0]["pass"], json!(true));
     }
+
+    #[test]
+    fn a_value_not_measured_prints_as_a_dash_and_stays_null_in_json() {
+        let mut t = Table::new("T", &["name", "steal %"]);
+        t.row(vec![json!("here"), json!(None::<f64>)]);
+        let text = t.render();
+        let last = text.lines().last().unwrap_or_default();
+        assert!(last.starts_with("here") && last.ends_with(" -"), "{text}");
+        assert_eq!(serde_json::to_value(&t).unwrap()["rows"][0][1], Value::Null);
+    }
 }
