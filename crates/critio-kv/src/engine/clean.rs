@@ -271,6 +271,8 @@ mod tests {
     use critio::config::Config;
     use critio::device::mem::MemDevice;
 
+    use crate::engine::record;
+    use crate::engine::vlog::Flow;
     use crate::engine::{Engine, EngineConfig, SetOptions};
 
     thread_local! {
@@ -294,6 +296,56 @@ mod tests {
 
     fn key(i: usize) -> Vec<u8> {
         format!("k{i:03}").into_bytes()
+    }
+
+    /// A record can fill its lap of the value log to the last byte, with
+    /// no padding after it; a scan (the cleaner's, a snapshot's) goes on
+    /// into the next lap. It used to find its read-ahead stopped at the
+    /// lap's end and panic, which killed the checkpointer and left every
+    /// writer waiting for space.
+    #[test]
+    fn a_scan_reads_on_past_a_record_that_ends_exactly_at_the_end_of_a_lap() {
+        let dev = Arc::new(MemDevice::new(32 << 20));
+        let e = open(&dev);
+        let vlog = &e.inner.vlog;
+        let region = vlog.region();
+        let value = vec![7u8; 16 << 10];
+        let mut i = 0;
+        while region - vlog.head() % region > 20 << 10 {
+            e.set(&key(i % 40), &value, SetOptions::default()).unwrap();
+            i += 1;
+        }
+        // One record exactly as long as what is left of the lap.
+        let last = vlog.head();
+        let left = (region - last % region) as usize;
+        let k = key(999);
+        let fill = vec![9u8; left - record::HEADER - k.len()];
+        assert_eq!(record::size(k.len(), fill.len()), left);
+        e.set(&k, &fill, SetOptions::default()).unwrap();
+        assert_eq!(vlog.head() % region, 0, "the record ends the lap");
+        // A few records into the next lap (the cleaner makes room at its
+        // start).
+        for j in 0..3 {
+            e.set(&key(j), b"next lap", SetOptions::default()).unwrap();
+        }
+        let head = vlog.head();
+        assert!(head > last + left as u64, "the head is in the next lap");
+        let mut seen = Vec::new();
+        let reached = vlog
+            .scan(last, head, |addr, r, _| {
+                seen.push((addr, r.key.to_vec()));
+                Ok(Flow::Continue)
+            })
+            .unwrap();
+        assert_eq!(reached, head);
+        assert_eq!(seen[0], (last, k.clone()), "the lap's last record");
+        assert_eq!(seen[1].0, last + left as u64, "the next lap's first");
+        assert_eq!(
+            seen.iter().filter(|(_, key)| key.as_slice() != k).count(),
+            3
+        );
+        assert_eq!(e.get(&k).unwrap(), Some(fill));
+        e.close().unwrap();
     }
 
     /// The cleaner copies without holding the stripes; keys written or

@@ -500,6 +500,13 @@ impl Vlog {
                         return Ok(pos);
                     }
                     pos += size as u64;
+                    if pos % self.region == 0 && pos < to {
+                        // The record filled its lap to the last byte (no
+                        // padding after it): the reads go on in the next.
+                        buf.clear();
+                        buf_at = pos;
+                        ahead.restart(pos, to.min(lap_end(pos)));
+                    }
                 }
             }
         }
