@@ -32,6 +32,9 @@ impl Placement {
     /// From the command line's CPU lists (`1`, `0-3`, `0,2-3`); each CPU
     /// must be one this process may run on.
     pub fn parse(server: Option<&str>, client: Option<&str>) -> Result<Self, String> {
+        if server.is_none() && client.is_none() {
+            return Ok(Self::default());
+        }
         let allowed = allowed_cpus()?;
         let one = |flag: &str, list: Option<&str>| -> Result<Option<Vec<usize>>, String> {
             let Some(list) = list else { return Ok(None) };

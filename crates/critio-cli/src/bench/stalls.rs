@@ -169,20 +169,15 @@ pub fn probed<T>(load: impl FnOnce() -> Result<T, String>) -> Result<(T, Stalls)
 
 /// The table of what the probes saw, one row per `(label, SET, GET)`.
 pub fn table<'a>(title: &str, rows: impl IntoIterator<Item = (&'a str, [Stalls; 2])>) -> Table {
-    let mut t = Table::new(
-        title,
-        &[
-            "setup",
-            "SET stalls",
-            "SET stall max ms",
-            "SET CPUs busy",
-            "SET steal %",
-            "GET stalls",
-            "GET stall max ms",
-            "GET CPUs busy",
-            "GET steal %",
-        ],
-    );
+    let columns: Vec<String> = std::iter::once("setup".to_owned())
+        .chain(
+            ["SET", "GET"]
+                .iter()
+                .flat_map(|test| COLUMNS.map(|c| format!("{test} {c}"))),
+        )
+        .collect();
+    let columns: Vec<&str> = columns.iter().map(String::as_str).collect();
+    let mut t = Table::new(title, &columns);
     for (label, [set, get]) in rows {
         let mut row = vec![json!(label)];
         row.extend(set.cells());
