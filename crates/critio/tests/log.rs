@@ -291,6 +291,60 @@ fn try_append_never_waits_and_wait_for_space_returns_after_truncation() {
     assert!(matches!(e, LogError::RecordTooLarge { .. }), "{e}");
 }
 
+/// An owner that can no longer make room refuses appends: a task waiting
+/// for space gets the reason instead of waiting forever, new appends fail,
+/// and what was appended before still becomes durable and recoverable.
+#[test]
+fn refused_appends_fail_waiters_for_space_and_keep_what_was_appended() {
+    let dev = mem(1 << 20);
+    let (log, _) = open(&dev, &tiny_cfg());
+    let log = Arc::new(log);
+    for lsn in 1..=14 {
+        log.append_commit(&body(lsn, 4000)).unwrap();
+    }
+    let last = log.append(&body(15, 4000)).unwrap(); // not waited for yet
+    assert_eq!(log.try_append(&body(16, 4000)).unwrap(), None, "full");
+    let (tx, rx) = mpsc::channel();
+    let waiter = {
+        let log = log.clone();
+        std::thread::spawn(move || {
+            tx.send(context::current()).unwrap();
+            log.wait_for_space(4000)
+        })
+    };
+    wait_blocked(
+        &rx.recv().unwrap(),
+        BlockingStatus::Condvar { name: SPACE_POINT },
+    );
+    log.refuse_appends("the checkpointer stopped");
+    log.refuse_appends("a second reason is not kept");
+    let e = waiter.join().unwrap().unwrap_err();
+    assert!(
+        matches!(&e, LogError::Refused { why } if why == "the checkpointer stopped"),
+        "{e}"
+    );
+    assert_eq!(
+        e.to_string(),
+        "log: appends refused: the checkpointer stopped"
+    );
+    assert!(matches!(log.append(b"x"), Err(LogError::Refused { .. })));
+    assert!(matches!(
+        log.try_append(b"x"),
+        Err(LogError::Refused { .. })
+    ));
+    log.commit(last).unwrap();
+    log.truncate(10).unwrap();
+    assert!(matches!(
+        log.wait_for_space(10),
+        Err(LogError::Refused { .. })
+    ));
+    Arc::into_inner(log).unwrap().close().unwrap();
+    let (_, rec) = open(&dev, &tiny_cfg());
+    let lsns: Vec<Lsn> = rec.records.iter().map(|(lsn, _)| *lsn).collect();
+    assert_eq!(lsns, (11..=15).collect::<Vec<_>>());
+    assert_eq!(rec.records[4].1, body(15, 4000));
+}
+
 #[test]
 fn oversized_records_and_bad_configs_are_clear_errors() {
     let dev = mem(1 << 20);

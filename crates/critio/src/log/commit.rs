@@ -25,9 +25,9 @@ use super::{Log, LogError, Lsn};
 impl Log {
     /// Appends a record and returns its LSN; it becomes durable with a later
     /// batch ([`Log::commit`] waits for that). Fails at once if the payload
-    /// exceeds `log.record_bytes_max`, and after the log is poisoned or
-    /// closed. Waits on "log: space wait" while the pending bytes or the ring
-    /// are full.
+    /// exceeds `log.record_bytes_max`, and after the log is poisoned,
+    /// refuses appends ([`Log::refuse_appends`]) or is closed. Waits on
+    /// "log: space wait" while the pending bytes or the ring are full.
     pub fn append(&self, payload: &[u8]) -> Result<Lsn, LogError> {
         let lsn = self.append_inner(payload, true)?;
         Ok(lsn.expect("a waiting append always appends"))
@@ -41,7 +41,8 @@ impl Log {
 
     /// Waits on "log: space wait" until a record with a `payload_len`-byte
     /// payload would fit (another appender may take the room first: retry).
-    /// Fails like [`Log::append`] (too large, poisoned, closed).
+    /// Fails like [`Log::append`] (too large, poisoned, refused, closed),
+    /// a waiting one as soon as the log is poisoned, refuses or closes.
     pub fn wait_for_space(&self, payload_len: usize) -> Result<(), LogError> {
         let sh = &self.shared;
         let len = self.checked_len(payload_len)?;

@@ -43,6 +43,14 @@ pub enum LogError {
          open the log again to continue"
     )]
     Closed,
+    /// Its owner told the log to take no more records
+    /// ([`Log::refuse_appends`](super::Log::refuse_appends)); the records
+    /// appended before still become durable.
+    #[error("log: appends refused: {why}")]
+    Refused {
+        /// Why, as the owner gave it.
+        why: String,
+    },
     /// Reading or writing the log failed while opening it or writing its
     /// header (on truncation that also poisons the log).
     #[error("log: {what} failed; check the device, then open the log again")]

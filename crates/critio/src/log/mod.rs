@@ -202,6 +202,22 @@ impl Log {
         self.shared.state.lock().ring.head_lsn()
     }
 
+    /// Takes no more records: from now on every append, and every wait for
+    /// space (waiting ones too), fails with [`LogError::Refused`] and `why`
+    /// (the first reason given is kept). Records appended before are still
+    /// written, flushed and committed as usual, and truncation goes on. For
+    /// an owner that can no longer make room or apply records: an engine
+    /// whose checkpointer died, say, whose writers would otherwise wait for
+    /// space forever.
+    pub fn refuse_appends(&self, why: impl Into<String>) {
+        let mut st = self.shared.state.lock();
+        if st.refused.is_none() {
+            st.refused = Some(why.into());
+        }
+        drop(st);
+        self.shared.space_cv.notify_all();
+    }
+
     /// Whether a failed write or flush poisoned the log.
     pub fn is_poisoned(&self) -> bool {
         self.shared.state.lock().poison.is_some()

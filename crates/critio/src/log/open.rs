@@ -84,6 +84,7 @@ impl Log {
             ring,
             poison: None,
             closing: false,
+            refused: None,
             writer_done: false,
             writer_idle: false,
             critical_lsn: 0,

@@ -64,6 +64,9 @@ pub(crate) struct State {
     pub(crate) poison: Option<Poison>,
     /// Set by close: no more appends; the writer drains and exits.
     pub(crate) closing: bool,
+    /// Set by [`Log::refuse_appends`](super::Log::refuse_appends): no more
+    /// appends, and why; the writer goes on making the appended ones durable.
+    pub(crate) refused: Option<String>,
     /// The writer exited: commits of records not durable by now fail.
     pub(crate) writer_done: bool,
     /// The writer waits for work (appenders wake it).
@@ -84,10 +87,11 @@ impl State {
 
     /// The error an append gets now, if any.
     pub(crate) fn refusal(&self) -> Option<LogError> {
-        match (&self.poison, self.closing) {
-            (Some(p), _) => Some(p.error()),
-            (None, true) => Some(LogError::Closed),
-            (None, false) => None,
+        match (&self.poison, &self.refused, self.closing) {
+            (Some(p), _, _) => Some(p.error()),
+            (None, Some(why), _) => Some(LogError::Refused { why: why.clone() }),
+            (None, None, true) => Some(LogError::Closed),
+            (None, None, false) => None,
         }
     }
 
