@@ -199,6 +199,8 @@ impl Engine {
             bg: Mutex::with_options(Background::default(), opts("kv: background")),
             closing: AtomicBool::new(false),
             failed: parking_lot::Mutex::new(None),
+            #[cfg(test)]
+            inject_panic: parking_lot::Mutex::new(None),
         });
         inner.load_index(range)?;
         let after = sb.map_or(0, |s| s.lsn);
@@ -212,7 +214,9 @@ impl Engine {
             let inner = inner.clone();
             std::thread::Builder::new()
                 .name("kv-checkpointer".into())
-                .spawn(move || inner.checkpointer())
+                .spawn(move || {
+                    let _ = inner.guarded("kv-checkpointer", || inner.clone().checkpointer());
+                })
                 .expect("cannot spawn the checkpointer")
         };
         Ok(Engine {
@@ -425,7 +429,7 @@ impl Inner {
             let (_, snapshot) = match self.vlog.append(&mut res, &enc.bytes, &enc.sizes) {
                 Ok(x) => x,
                 Err(e) => {
-                    *self.failed.lock() = Some(e.to_string());
+                    self.fail(e.to_string());
                     return Err(e);
                 }
             };
@@ -440,7 +444,13 @@ impl Inner {
     }
 
     /// Takes a checkpoint (one at a time).
+    /// Fails, taking none, once the engine failed: the state in memory
+    /// may not be what the log says, and a restart recovers from the last
+    /// checkpoint and the WAL.
     pub(crate) fn checkpoint(&self) -> Result<CheckpointReport, EngineError> {
+        if let Some(e) = self.failure() {
+            return Err(e);
+        }
         let mut st = self.ckpt.lock();
         let started = Instant::now();
         let result = self.checkpoint_locked(&mut st);
@@ -517,6 +527,8 @@ impl Inner {
             let due = !interval.is_zero() && last.elapsed() >= interval;
             let requested = std::mem::take(&mut self.ckpt.lock().requested);
             if log_full || due || requested {
+                #[cfg(test)]
+                self.injected_panic("kv-checkpointer");
                 let _ = self.checkpoint(); // counted in the stats
                 last = Instant::now();
             }
@@ -557,12 +569,17 @@ impl Inner {
             .name(name.into())
             .spawn(move || {
                 context::set_background();
-                let result = match range {
-                    Some(range) => self.snapshot(range),
-                    None => self.rewrite(),
-                };
+                // A panic is in the stats already (`guarded`).
+                let result = self.guarded(name, || {
+                    #[cfg(test)]
+                    self.injected_panic(name);
+                    match range {
+                        Some(range) => self.snapshot(range),
+                        None => self.rewrite(),
+                    }
+                });
                 let mut bg = self.bg.lock();
-                if let Err(e) = result {
+                if let Ok(Err(e)) = result {
                     bg.stats.last_error = Some(format!("{name}: {e}"));
                 }
                 if snapshot {
@@ -573,5 +590,155 @@ impl Inner {
             })
             .expect("cannot spawn a background job");
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{mpsc, Arc};
+    use std::time::{Duration, Instant};
+
+    use critio::config::Config;
+    use critio::context::BlockingStatus;
+    use critio::device::mem::MemDevice;
+
+    use crate::engine::{Engine, EngineConfig, EngineError, SetOptions};
+
+    fn open(dev: &Arc<MemDevice>) -> Result<Engine, EngineError> {
+        let mut config = Config::default();
+        config.cache.capacity_bytes = 1 << 20;
+        config.context.background_nice = 0;
+        let stack = critio::Stack::over(dev.clone(), &config).unwrap();
+        let cfg = EngineConfig {
+            log_bytes: 4 << 20,
+            checkpoint_interval_ms: 0,
+            value_bytes_max: 64 << 10,
+            ..EngineConfig::default()
+        };
+        Engine::open(&stack, cfg)
+    }
+
+    fn key(i: usize) -> Vec<u8> {
+        format!("k{i:05}").into_bytes()
+    }
+
+    fn value(i: usize) -> Vec<u8> {
+        vec![i as u8; 16 << 10]
+    }
+
+    /// Polls `done` every millisecond for up to 30 s.
+    fn wait_until(what: &str, done: impl Fn() -> bool) {
+        let start = Instant::now();
+        while !done() {
+            assert!(start.elapsed() < Duration::from_secs(30), "never: {what}");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    fn assert_failed(e: &EngineError, thread: &str) {
+        let why = format!("{thread} panicked: a panic injected into {thread}");
+        assert!(matches!(e, EngineError::Failed(w) if *w == why), "{e}");
+        assert!(
+            e.to_string().contains("restart to recover from the log"),
+            "{e}"
+        );
+    }
+
+    /// The checkpointer dies while a writer waits for it to make room: the
+    /// writer gets the engine's failure instead of waiting forever, reads
+    /// go on, and every acknowledged write is there after a restart.
+    #[test]
+    fn a_checkpointer_that_panics_fails_the_writers_waiting_for_room_and_loses_nothing() {
+        let dev = Arc::new(MemDevice::new(32 << 20));
+        let e = Arc::new(open(&dev).unwrap());
+        // Hold the checkpointer back until the writer waits for room.
+        let held = e.inner.ckpt.lock();
+        let (tx, rx) = mpsc::channel();
+        let (done_tx, done) = mpsc::channel();
+        {
+            let e = e.clone();
+            std::thread::spawn(move || {
+                tx.send(critio::context::current()).unwrap();
+                let mut acked = 0;
+                let err = loop {
+                    match e.set(&key(acked), &value(acked), SetOptions::default()) {
+                        Ok(_) => acked += 1,
+                        Err(err) => break err,
+                    }
+                };
+                done_tx.send((acked, err)).unwrap();
+            });
+        }
+        let task = rx.recv().unwrap();
+        wait_until("the writer waits for room", || {
+            matches!(task.blocking_status(), Some(BlockingStatus::Condvar { name })
+                if name == critio::log::SPACE_POINT || name == "kv: space")
+        });
+        *e.inner.inject_panic.lock() = Some("kv-checkpointer");
+        drop(held);
+        let (acked, err) = done
+            .recv_timeout(Duration::from_secs(60))
+            .expect("the writer still waits for room a minute after the checkpointer died");
+        assert_failed(&err, "kv-checkpointer");
+        assert!(acked > 100, "{acked} writes before the log filled");
+        let later = e.set(b"later", b"x", SetOptions::default()).unwrap_err();
+        assert_failed(&later, "kv-checkpointer");
+        assert_failed(&e.save().unwrap_err(), "kv-checkpointer");
+        for i in (0..acked).step_by(17) {
+            assert_eq!(e.get(&key(i)).unwrap(), Some(value(i)), "key {i}");
+        }
+        let stats = e.background_stats();
+        assert!(
+            stats
+                .last_error
+                .as_deref()
+                .unwrap()
+                .starts_with("kv-checkpointer panicked"),
+            "{stats:?}"
+        );
+        assert_failed(&e.close().unwrap_err(), "kv-checkpointer");
+        drop(Arc::into_inner(e).unwrap());
+        let e = open(&dev).unwrap();
+        for i in 0..acked {
+            assert_eq!(e.get(&key(i)).unwrap(), Some(value(i)), "key {i}");
+        }
+        assert_eq!(e.get(b"later").unwrap(), None);
+    }
+
+    /// A BGSAVE or BGREWRITEAOF that panics ends (a new one may be asked
+    /// for) and fails the engine, as Redis stops taking writes after a
+    /// failed background save; acknowledged writes survive a restart.
+    #[test]
+    fn a_background_job_that_panics_ends_and_fails_the_engine() {
+        for (job, thread) in [(0, "kv-bgsave"), (1, "kv-bgrewrite")] {
+            let dev = Arc::new(MemDevice::new(32 << 20));
+            let e = open(&dev).unwrap();
+            for i in 0..50 {
+                e.set(&key(i), &value(i), SetOptions::default()).unwrap();
+            }
+            *e.inner.inject_panic.lock() = Some(thread);
+            match job {
+                0 => e.bgsave().unwrap(),
+                _ => e.bgrewrite().unwrap(),
+            }
+            wait_until("the job ends", || e.background_running() == (false, false));
+            let stats = e.background_stats();
+            assert_eq!(
+                stats.last_error.as_deref(),
+                Some(format!("{thread} panicked: a panic injected into {thread}").as_str())
+            );
+            assert_failed(
+                &e.set(b"later", b"x", SetOptions::default()).unwrap_err(),
+                thread,
+            );
+            assert_eq!(e.get(&key(7)).unwrap(), Some(value(7)));
+            assert!(e.close().is_err());
+            drop(e);
+            let e = open(&dev).unwrap();
+            for i in 0..50 {
+                assert_eq!(e.get(&key(i)).unwrap(), Some(value(i)), "{thread}: key {i}");
+            }
+            e.close().unwrap();
+        }
     }
 }

@@ -34,6 +34,13 @@
 //! background thread (a checkpoint holding the epoch lock, the cleaner
 //! holding a stripe or the value log in dirty throttling) makes it
 //! critical, and its I/O with it.
+//!
+//! Failure: when a logged write cannot be applied, or a background thread
+//! (the checkpointer, BGSAVE, BGREWRITEAOF) panics, the engine fails
+//! ([`EngineError::Failed`]): writes, and writers already waiting for
+//! space in either log, get the error instead of waiting for a thread
+//! that will never make room; reads go on; no checkpoint is taken past the
+//! failure, so a restart recovers from the last one and the WAL.
 
 mod checkpoint;
 mod clean;
@@ -200,13 +207,23 @@ pub enum EngineError {
     Corrupt(String),
     /// The log refused the write (it is not acknowledged).
     #[error("ERR write not logged: {0}")]
-    Log(#[from] LogError),
+    Log(LogError),
     /// The cache failed.
     #[error("ERR {0}")]
     Cache(#[from] CacheError),
     /// The device failed.
     #[error("ERR {0}")]
     Block(#[from] BlockError),
+}
+
+impl From<LogError> for EngineError {
+    /// A log that refuses appends does so because the engine failed.
+    fn from(e: LogError) -> Self {
+        match e {
+            LogError::Refused { why } => EngineError::Failed(why),
+            other => EngineError::Log(other),
+        }
+    }
 }
 
 impl From<critio::StackError> for EngineError {
@@ -237,8 +254,58 @@ pub(crate) struct Inner {
     ckpt_cv: Condvar,
     bg: Mutex<checkpoint::Background>,
     closing: AtomicBool,
-    /// Set when applying a logged write failed (see [`EngineError::Failed`]).
+    /// Why the engine failed, once it has ([`Inner::fail`]).
     failed: parking_lot::Mutex<Option<String>>,
+    /// A background thread of this name panics at its next step (tests).
+    #[cfg(test)]
+    inject_panic: parking_lot::Mutex<Option<&'static str>>,
+}
+
+impl Inner {
+    /// Fails the engine (see the module docs), for `why`; the first
+    /// reason is kept. Wakes every writer waiting for space.
+    pub(crate) fn fail(&self, why: String) {
+        self.failed.lock().get_or_insert_with(|| why.clone());
+        self.vlog.refuse(why.clone());
+        self.log.refuse_appends(why);
+    }
+
+    /// The error every write gets once the engine failed.
+    pub(crate) fn failure(&self) -> Option<EngineError> {
+        self.failed.lock().clone().map(EngineError::Failed)
+    }
+
+    /// Panics if a test asked the background thread `name` to.
+    #[cfg(test)]
+    pub(crate) fn injected_panic(&self, name: &str) {
+        let mut inject = self.inject_panic.lock();
+        if *inject == Some(name) {
+            *inject = None;
+            drop(inject);
+            panic!("a panic injected into {name}");
+        }
+    }
+
+    /// Runs the body of background thread `name`; if it panics, fails the
+    /// engine, and returns the error, rather than leave writers waiting
+    /// for what the thread would have done.
+    pub(crate) fn guarded<T>(
+        &self,
+        name: &str,
+        body: impl FnOnce() -> T,
+    ) -> Result<T, EngineError> {
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(body)).map_err(|payload| {
+            let what = payload
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| payload.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "no message".into());
+            let why = format!("{name} panicked: {what}");
+            self.bg.lock().stats.last_error = Some(why.clone());
+            self.fail(why);
+            self.failure().expect("just failed")
+        })
+    }
 }
 
 /// The storage engine. Share it with `Arc`; call [`Engine::close`] to stop

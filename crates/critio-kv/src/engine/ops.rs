@@ -279,8 +279,8 @@ impl Inner {
             self.check_key(k)?;
         }
         loop {
-            if let Some(why) = self.failed.lock().clone() {
-                return Err(EngineError::Failed(why));
+            if let Some(e) = self.failure() {
+                return Err(e);
             }
             let mut held = Held::lock(&self.index, keys);
             let now = now_ms();
@@ -315,7 +315,7 @@ impl Inner {
                 continue;
             };
             if let Err(e) = self.apply(&ops, &enc, &mut res, &mut held) {
-                *self.failed.lock() = Some(e.to_string());
+                self.fail(e.to_string());
                 return Err(e);
             }
             drop((res, epoch, held));

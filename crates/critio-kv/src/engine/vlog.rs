@@ -31,7 +31,7 @@
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use critio::cache::{FileId, PageCache, ReadThrough};
@@ -169,6 +169,8 @@ pub(crate) struct Vlog {
     /// The reuse tail plus the region: the head may not pass it. It only
     /// grows (checkpoints), so a reservation made against it stays good.
     end: AtomicU64,
+    /// Set when the engine failed: no more reservations, and why.
+    refused: OnceLock<String>,
 }
 
 /// What a scan's callback wants next.
@@ -213,7 +215,16 @@ impl Vlog {
             head: AtomicU64::new(head),
             reserved: AtomicU64::new(0),
             end: AtomicU64::new(tail + region),
+            refused: OnceLock::new(),
         }
+    }
+
+    /// Takes no more reservations (the engine failed, for `why`): every
+    /// `try_reserve` fails with it, and waiters for space return at once.
+    pub(crate) fn refuse(&self, why: String) {
+        let _ = self.refused.set(why);
+        let _st = self.state.lock();
+        self.space.notify_all();
     }
 
     /// The region's size.
@@ -275,6 +286,9 @@ impl Vlog {
         live_growth: i64,
         who: Who,
     ) -> Result<Option<Reservation<'_>>, EngineError> {
+        if let Some(why) = self.refused.get() {
+            return Err(EngineError::Failed(why.clone()));
+        }
         let live = self.live.load(Ordering::Relaxed);
         if who == Who::Writer && live_growth > 0 && live + live_growth as u64 > self.live_max {
             return Err(EngineError::NoSpace);
@@ -307,10 +321,11 @@ impl Vlog {
         self.wait_for(bytes, largest, Who::Writer, kick)
     }
 
-    /// Waits until `bytes` (and `largest`) could be reserved by `who`.
+    /// Waits until `bytes` (and `largest`) could be reserved by `who`, or
+    /// reservations are refused.
     pub(crate) fn wait_for(&self, bytes: u64, largest: u64, who: Who, kick: impl Fn()) {
         let mut st = self.state.lock();
-        while self.used_end() + bytes + largest > self.limit(who) {
+        while self.used_end() + bytes + largest > self.limit(who) && self.refused.get().is_none() {
             kick();
             st = self.space.wait_timeout(st, SPACE_RECHECK).0;
         }
