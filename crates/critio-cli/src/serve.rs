@@ -206,8 +206,17 @@ fn describe_settings(
         effective.context.background_nice != f.critio.context.background_nice,
         f.critio.context.background_nice == base.critio.context.background_nice,
     );
+    let share = effective.context.background_cpu_min_share;
+    let floor = match (effective.context.background_nice, share) {
+        (0, _) => String::new(),
+        (_, 0.0) => ", no CPU floor".to_owned(),
+        (_, s) => format!(
+            ", CPU floor {s} of the CPU it wants ({})",
+            from(s == base.critio.context.background_cpu_min_share)
+        ),
+    };
     format!(
-        "critio-kv: page cache {} MiB ({}), checkpoint every {} ms ({}), background I/O at the device {} ({}), background CPU nice {} ({}), request workers {} ({}), cache-miss readers {} ({})",
+        "critio-kv: page cache {} MiB ({}), checkpoint every {} ms ({}), background I/O at the device {} ({}), background CPU nice {} ({}){floor}, request workers {} ({}), cache-miss readers {} ({})",
         cache >> 20,
         from(cache == base.critio.cache.capacity_bytes),
         f.engine.checkpoint_interval_ms,
@@ -386,8 +395,17 @@ mod tests {
             line.contains("background CPU nice 10 (real-device default)"),
             "{line}"
         );
+        assert!(
+            line.contains("CPU floor 0.5 of the CPU it wants (real-device default)"),
+            "{line}"
+        );
         let line = describe_settings(&sim, &sim, DeviceKind::Sim, Scheme::Rcp);
         assert!(line.contains("background CPU nice 10 (default)"), "{line}");
+        let line = describe_settings(&file, &file, DeviceKind::File, Scheme::None);
+        assert!(
+            !line.contains("CPU floor"),
+            "none: no background nice, no floor: {line}"
+        );
         let line = describe_settings(&file, &file, DeviceKind::File, Scheme::None);
         assert!(
             line.contains("unlimited, one queue (scheme none)"),

@@ -134,6 +134,10 @@ fn metrics_are_scraped_over_http_and_stop_with_the_server() {
     );
     assert!(sample(&body, "critio_cache_hits_total").is_some(), "{body}");
     assert!(
+        sample(&body, "critio_background_cpu_floor_raises_total").is_some(),
+        "{body}"
+    );
+    assert!(
         sample(&body, "critio_log_records_total").is_some_and(|n| n > 0.0),
         "{body}"
     );

@@ -269,6 +269,8 @@ fn info_and_config_get() {
         "cache_hits:",
         "log_records:",
         "inherit_lock:",
+        "background_cpu_min_share:",
+        "background_cpu_floor_raises:",
         "critical_wait_info_test:waits=",
         "db0:keys=1",
     ] {

@@ -12,6 +12,7 @@
 //! background_nice = 10     # CPU nice of background threads while non-critical
 //! lock_ceiling = true      # background sections holding request locks run real-time
 //! background_idle = false  # background threads also SCHED_IDLE while non-critical
+//! background_cpu_min_share = 0.5  # CPU floor: background keeps this share of the CPU it wants
 //!
 //! [sync]
 //! inheritance = true       # owners/helpers inherit from critical waiters
@@ -91,7 +92,7 @@ pub struct Config {
 }
 
 /// The `context` section.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ContextConfig {
     /// Mirror each thread's effective class into the kernel with
@@ -123,6 +124,15 @@ pub struct ContextConfig {
     /// above 0. Process-wide: on from the first stack that asks for it.
     /// Default: false.
     pub background_idle: bool,
+    /// The CPU floor: a background thread gets at least this share of the
+    /// CPU time it wants (its run time over its run plus run-queue wait,
+    /// each 50 ms), however busy request threads keep its CPU: below it,
+    /// its non-critical nice is lowered a level at a time toward 0 (and it
+    /// leaves `SCHED_IDLE`); well above it, raised back. The CPU's
+    /// counterpart of `block.noncritical_cap.auto.min_share`. 0 turns it
+    /// off. Needs `background_nice` above 0. Process-wide, like
+    /// `background_nice`. Default 0.5. Range 0..=1.
+    pub background_cpu_min_share: f64,
 }
 
 impl Default for ContextConfig {
@@ -132,6 +142,7 @@ impl Default for ContextConfig {
             background_nice: 10,
             lock_ceiling: true,
             background_idle: false,
+            background_cpu_min_share: 0.5,
         }
     }
 }
@@ -145,6 +156,14 @@ impl Config {
                 field: "context.background_nice",
                 value: nice.to_string(),
                 allowed: "must be within 0..=19 (0: off)".into(),
+            });
+        }
+        let share = self.context.background_cpu_min_share;
+        if !(0.0..=1.0).contains(&share) {
+            return Err(ConfigError::Invalid {
+                field: "context.background_cpu_min_share",
+                value: share.to_string(),
+                allowed: "must be within 0..=1 (0: off)".into(),
             });
         }
         self.sync.validate()?;

@@ -228,6 +228,12 @@ impl Stack {
         if let Err(why) = crate::context::set_background_nice(config.context.background_nice) {
             notes.push(format!("context.background_nice: {why}"));
         }
+        if config.context.background_nice > 0 {
+            let share = config.context.background_cpu_min_share;
+            if let Err(why) = crate::context::set_background_cpu_min_share(share) {
+                notes.push(format!("context.background_cpu_min_share: {why}"));
+            }
+        }
         if config.context.background_idle && config.context.background_nice > 0 {
             if let Err(why) = crate::context::set_background_idle(true) {
                 notes.push(format!("context.background_idle: {why}"));

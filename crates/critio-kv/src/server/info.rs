@@ -327,6 +327,24 @@ fn critio_section(s: &Shared, out: &mut String) {
     cache(s, out);
     log(s, out);
     inheritance(s, out);
+    background_cpu(out);
+}
+
+/// The background's CPU: its nice and the CPU floor (process-wide).
+fn background_cpu(out: &mut String) {
+    kv(
+        out,
+        "background_cpu_nice",
+        critio::context::background_nice(),
+    );
+    kv(
+        out,
+        "background_cpu_min_share",
+        critio::context::background_cpu_min_share(),
+    );
+    let f = critio::context::cpu_floor_stats();
+    kv(out, "background_cpu_floor_raises", f.raises);
+    kv(out, "background_cpu_relieved_threads", f.relieved);
 }
 
 fn block(s: &Shared, out: &mut String) {

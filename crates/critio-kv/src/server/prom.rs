@@ -32,6 +32,7 @@
 //! | `log_batches_total`, `log_records_total`, `log_written_bytes_total`, `log_truncations_total` | counter | |
 //! | `log_used_bytes`, `log_capacity_bytes`, `log_poisoned`, `vlog_live_bytes`, `vlog_used_bytes`, `vlog_capacity_bytes` | gauge | |
 //! | `kv_checkpoints_total`, `kv_checkpoint_errors_total`, `kv_checkpoint_seconds_total`, `kv_snapshots_total`, `kv_rewrites_total`, `kv_cleaned_bytes_total` | counter | |
+//! | `background_cpu_floor_raises_total` (counter), `background_cpu_relieved_threads` (gauge): the CPU floor | counter, gauge | |
 //! | `kv_connections_received_total`, `kv_commands_processed_total`, `kv_keyspace_hits_total`, `kv_keyspace_misses_total` | counter | |
 //! | `kv_connected_clients`, `kv_keys`                       | gauge     |                   |
 //! | `kv_info` (1)                                           | gauge     | `version`, `scheme`, `device` |
@@ -566,6 +567,19 @@ fn log(out: &mut Out, b: &Backend) -> fmt::Result {
         "Value-log bytes the cleaner went through.",
         Some(&Unit::Bytes),
         bg.cleaned_bytes,
+    )?;
+    let floor = critio::context::cpu_floor_stats();
+    out.counter(
+        "background_cpu_floor_raises",
+        "Times the CPU floor lowered a background thread's nice by a level more (it got less than context.background_cpu_min_share of the CPU it wanted).",
+        None,
+        floor.raises,
+    )?;
+    out.gauge(
+        "background_cpu_relieved_threads",
+        "Background threads the CPU floor runs below the background nice now.",
+        None,
+        u64::from(floor.relieved),
     )
 }
 

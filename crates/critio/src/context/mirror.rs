@@ -14,6 +14,11 @@
 //!   I/O it submits) runs at full speed: static CPU priorities would leave
 //!   that request waiting on a starved thread; inheritance does not.
 //!
+//! - **CPU floor** (`context.background_cpu_min_share`, 0.5 by default,
+//!   `floor.rs`): a background thread that gets less than that share of
+//!   the CPU it wants runs at a lower nice than the background one (and
+//!   not `SCHED_IDLE`) until it has it, so background work slows under
+//!   busy requests but never starves.
 //! - **Idle policy** (`context.background_idle`, off by default): a
 //!   background thread also goes to `SCHED_IDLE` while non-critical. The
 //!   kernel then counts a CPU running only such threads as idle when it
@@ -72,7 +77,7 @@ pub fn set_background_idle(on: bool) -> Result<(), String> {
         for task in super::registry::all() {
             let applied = *task.nice().lock();
             if let Some(nice) = applied {
-                let policy = match on && nice > 0 {
+                let policy = match idles_at(nice) {
                     true => SchedPolicy::Idle,
                     false => SchedPolicy::Normal,
                 };
@@ -141,14 +146,16 @@ pub fn set_background() {
     mirror_cpu(&task);
 }
 
-/// Applies `task`'s CPU nice for its class now, if it is marked background.
-fn mirror_cpu(task: &Task) {
+/// Applies `task`'s CPU nice for its class now, if it is marked background:
+/// 0 while critical, else the background nice less the CPU floor's relief
+/// (`floor.rs`).
+pub(super) fn mirror_cpu(task: &Task) {
     let mut applied = task.nice().lock();
     let Some(old) = *applied else { return };
     let want = if task.is_critical() {
         0
     } else {
-        background_nice()
+        (background_nice() - task.relief().load(Ordering::Relaxed)).max(0)
     };
     if want == old {
         return;
@@ -158,17 +165,26 @@ fn mirror_cpu(task: &Task) {
     // speed (set_background_nice checked that raising works).
     // The policy is left alone while the thread is at the lock ceiling
     // (real-time): leaving the ceiling applies the one its class wants.
+    // Only a thread at the full background nice is SCHED_IDLE (which
+    // ignores the nice): one the floor relieves runs SCHED_OTHER.
     let policy =
         background_idle() && thread_policy(task.os_tid()).is_ok_and(|p| p != SchedPolicy::Realtime);
-    if want == 0 && policy {
+    let idle = idles_at(want);
+    if !idle && policy {
         let _ = set_thread_policy(task.os_tid(), SchedPolicy::Normal);
     }
     if rustix::process::setpriority_process(pid, want).is_ok() {
         *applied = Some(want);
     }
-    if want > 0 && policy {
+    if idle && policy {
         let _ = set_thread_policy(task.os_tid(), SchedPolicy::Idle);
     }
+}
+
+/// Whether a background thread at nice `nice` belongs in `SCHED_IDLE`: the
+/// idle policy is on and the thread is at the full background nice.
+fn idles_at(nice: i32) -> bool {
+    nice > 0 && nice == background_nice() && background_idle()
 }
 
 static CEILING: AtomicBool = AtomicBool::new(false);
@@ -257,7 +273,7 @@ impl Drop for CeilingGuard {
                 let _ = set_thread_policy(0, SchedPolicy::Normal);
                 let task = super::current();
                 let applied = *task.nice().lock();
-                if applied.is_some_and(|n| n > 0) && background_idle() {
+                if applied.is_some_and(idles_at) {
                     let _ = set_thread_policy(0, SchedPolicy::Idle);
                 }
             }
@@ -372,6 +388,81 @@ mod tests {
         assert_eq!(idle, 10, "non-critical: the background nice");
         assert_eq!(boosted, 0, "inheriting: full speed");
         assert_eq!(after, 10, "revoked: background again");
+    }
+
+    /// The CPU floor: a background thread sharing one CPU with a busy
+    /// request thread gets a tenth of it at nice 10; the floor lowers its
+    /// nice until it has its share, and gives the nice back once the
+    /// request thread stops.
+    #[test]
+    fn the_cpu_floor_lowers_a_crowded_background_threads_nice_and_gives_it_back() {
+        use crate::context::set_background_cpu_min_share;
+        use crate::sys::thread_cpu_times;
+        use rustix::thread::{sched_getaffinity, sched_setaffinity, CpuSet};
+        use std::sync::atomic::AtomicBool;
+        use std::sync::{mpsc, Arc};
+        use std::time::{Duration, Instant};
+
+        let _one = CPU_SETTINGS.lock().unwrap_or_else(|e| e.into_inner());
+        let on = set_background_nice(10).and_then(|()| set_background_cpu_min_share(0.5));
+        if let Err(why) = on {
+            eprintln!("skipped: {why}");
+            return;
+        }
+        let allowed = sched_getaffinity(None).unwrap();
+        let cpu = (0..CpuSet::MAX_CPU).find(|&c| allowed.is_set(c)).unwrap();
+        let spin = |stop: Arc<AtomicBool>, background: bool, tid: mpsc::Sender<i32>| {
+            std::thread::spawn(move || {
+                let mut set = CpuSet::new();
+                set.set(cpu);
+                sched_setaffinity(None, &set).unwrap();
+                match background {
+                    true => set_background(),
+                    false => crate::context::set_foreground(),
+                }
+                tid.send(crate::context::current().os_tid()).unwrap();
+                while !stop.load(Ordering::Relaxed) {
+                    std::hint::black_box(0);
+                }
+            })
+        };
+        let (stop_fg, stop_bg) = (
+            Arc::new(AtomicBool::new(false)),
+            Arc::new(AtomicBool::new(false)),
+        );
+        let (tx, rx) = mpsc::channel();
+        let fg = spin(stop_fg.clone(), false, tx.clone());
+        rx.recv().unwrap();
+        let bg = spin(stop_bg.clone(), true, tx);
+        let tid = rx.recv().unwrap();
+        let until = |what: &str, done: &dyn Fn() -> bool| {
+            let start = Instant::now();
+            while !done() {
+                assert!(start.elapsed() < Duration::from_secs(20), "never: {what}");
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        };
+        until("the floor relieves the crowded thread fully", &|| {
+            nice_of(tid) == 0
+        });
+        let before = thread_cpu_times(tid).unwrap();
+        std::thread::sleep(Duration::from_millis(500));
+        let d = thread_cpu_times(tid).unwrap().since(before);
+        let share = d.run_ns as f64 / (d.run_ns + d.wait_ns) as f64;
+        stop_fg.store(true, Ordering::Relaxed);
+        fg.join().unwrap();
+        until("alone on its CPU, the thread is back at nice 10", &|| {
+            nice_of(tid) == 10
+        });
+        stop_bg.store(true, Ordering::Relaxed);
+        bg.join().unwrap();
+        set_background_cpu_min_share(0.0).unwrap();
+        set_background_nice(0).unwrap();
+        // At nice 0 the two threads share the CPU evenly.
+        assert!(
+            share > 0.3,
+            "the relieved thread ran {share:.2} of the time it wanted"
+        );
     }
 
     fn is_idle(tid: i32) -> bool {

@@ -27,6 +27,8 @@
 //! module docs and `docs/ARCHITECTURE.md`.
 
 mod blocking;
+#[cfg(not(loom))]
+mod floor;
 mod inherit;
 #[cfg(not(loom))]
 mod mirror;
@@ -36,6 +38,10 @@ mod task;
 use std::marker::PhantomData;
 
 pub use blocking::{Blocker, BlockingStatus, WaitScope};
+#[cfg(not(loom))]
+pub use floor::{
+    background_cpu_min_share, cpu_floor_stats, set_background_cpu_min_share, CpuFloorStats,
+};
 pub(crate) use inherit::propagate;
 pub use inherit::{InheritKind, CHAIN_DEPTH_MAX};
 #[cfg(not(loom))]

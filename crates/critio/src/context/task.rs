@@ -51,6 +51,11 @@ pub struct Task {
     /// it (see `mirror.rs`); None for every other thread.
     #[cfg_attr(loom, allow(dead_code))]
     nice: parking_lot::Mutex<Option<i32>>,
+    /// For a thread marked background: how many nice levels the CPU floor
+    /// takes off the background nice while it is non-critical (see
+    /// `floor.rs`).
+    #[cfg_attr(loom, allow(dead_code))]
+    relief: std::sync::atomic::AtomicI32,
 }
 
 impl Task {
@@ -65,6 +70,7 @@ impl Task {
             thread: current,
             blocking: SideMutex::new(None),
             nice: parking_lot::Mutex::new(None),
+            relief: std::sync::atomic::AtomicI32::new(0),
         }
     }
 
@@ -72,6 +78,12 @@ impl Task {
     #[cfg_attr(loom, allow(dead_code))] // the mirror is not built under loom
     pub(crate) fn nice(&self) -> &parking_lot::Mutex<Option<i32>> {
         &self.nice
+    }
+
+    /// The CPU floor's relief of a background thread, in nice levels.
+    #[cfg_attr(loom, allow(dead_code))]
+    pub(crate) fn relief(&self) -> &std::sync::atomic::AtomicI32 {
+        &self.relief
     }
 
     /// The task's stable id.

@@ -26,6 +26,7 @@
 //! | `raw`  | the system calls and the kernel's 16-bit priority layout      |
 //! | `prio` | [`IoPriority`], [`ClassPriorities`], the thread functions     |
 //! | `disk` | the disk under a path: name, I/O scheduler, queue depth (sysfs) |
+//! | `schedstat` | a thread's run and run-queue wait times (procfs), for the CPU floor |
 //!
 //! `raw` is one of the two places in critio with `unsafe` (the other is
 //! `device::uring`, which hands the kernel buffers in SQEs); each `unsafe`
@@ -36,6 +37,7 @@ mod disk;
 mod prio;
 #[allow(unsafe_code)] // the ioprio system calls (`libc::syscall`), sched_setscheduler
 mod raw;
+mod schedstat;
 
 pub use raw::{set_thread_policy, thread_policy, SchedPolicy};
 
@@ -44,3 +46,4 @@ pub use prio::{
     set_thread_ioprio, set_thread_ioprio_or_fallback, thread_ioprio, ClassPriorities, InvalidLevel,
     IoPriority,
 };
+pub use schedstat::{thread_cpu_times, CpuTimes};
