@@ -18,6 +18,9 @@
 //!      second of the time its writers spent outside pacing waits
 //!      boosts whose waiter died ended; every second, wait and pipe-writer records of
 //!      dead threads cleared (a reused tid must not inherit them)
+//!      the CPU floor: a background thread (not boosted) that got less than
+//!      background_cpu_min_share of the CPU it wanted runs a nice level lower
+//!      (out of SCHED_IDLE), one with well over it a level higher again
 //!  at exit (or on SIGUSR1): --stats prints the per-class latency histograms and the
 //!  pacing decisions; --explain the class each process and thread was given, and why
 //! ```
@@ -27,6 +30,7 @@
 //! `--background` rules first (the exceptions), then `--foreground` ones,
 //! then the preset's; a thread none matches is background.
 
+use std::collections::HashMap;
 use std::ffi::OsString;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
@@ -35,7 +39,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use critio::sys::{IoPriority, SchedPolicy};
+use critio::sys::{CpuTimes, IoPriority, SchedPolicy};
 use critio_control::{quantile, Class, Control, Op, Rule, ENV_CONTROL};
 use serde::Deserialize;
 
@@ -221,6 +225,14 @@ pub struct RunConfig {
     /// off the CPU the requests need, and slows the child down. Default
     /// false.
     pub background_idle: bool,
+    /// The CPU floor (critio's `context.background_cpu_min_share`): a
+    /// background thread that got less than this share of the CPU it
+    /// wanted over a window (its run time over its run plus run-queue
+    /// wait) has its nice lowered a level, and leaves `SCHED_IDLE`, until
+    /// it has its share; raised back once it has well over it. In
+    /// processes that run as root, like the nice itself. 0 turns it off.
+    /// Default 0.5.
+    pub background_cpu_min_share: f64,
 }
 
 impl Default for RunConfig {
@@ -240,6 +252,7 @@ impl Default for RunConfig {
             background_ioprio: None,
             inherit_locks: true,
             background_idle: false,
+            background_cpu_min_share: 0.5,
         }
     }
 }
@@ -248,6 +261,12 @@ impl RunConfig {
     fn validate(&self) -> Result<(), String> {
         if self.chunk_kib == 0 || self.window_ms == 0 {
             return Err("chunk_kib and window_ms must be positive".into());
+        }
+        if !(0.0..=1.0).contains(&self.background_cpu_min_share) {
+            return Err(format!(
+                "background_cpu_min_share = {} must be within 0..=1 (0: off)",
+                self.background_cpu_min_share
+            ));
         }
         if !(self.min_rate_mib > 0.0
             && self.min_rate_mib <= self.start_rate_mib
@@ -494,10 +513,14 @@ pub fn run(args: RunArgs) -> Result<ExitCode, String> {
     )?);
     if args.explain {
         eprintln!(
-            "critio run: background threads get I/O priority {}, CPU nice {}{} (if allowed); foreground best-effort-0",
+            "critio run: background threads get I/O priority {}, CPU nice {}{}{} (if allowed); foreground best-effort-0",
             background_ioprio_name(ioprio),
             cfg.background_nice,
-            if cfg.background_idle { " and SCHED_IDLE" } else { "" }
+            if cfg.background_idle { " and SCHED_IDLE" } else { "" },
+            match cfg.background_cpu_min_share {
+                s if s > 0.0 && cfg.background_nice > 0 => format!(", CPU floor {s} of the CPU they want"),
+                _ => String::new(),
+            }
         );
     }
     // SAFETY: no other process has the block yet (the command is not
@@ -585,6 +608,7 @@ pub fn run(args: RunArgs) -> Result<ExitCode, String> {
                 if pace {
                     ctl.window(block.control());
                 }
+                ctl.floor.window(block.control());
                 reap_boosts(block.control());
                 if reaped_at.elapsed() >= REAP_EVERY {
                     reaped_at = Instant::now();
@@ -702,6 +726,7 @@ struct Controller {
     /// `own_bytes` and `own_ns` as last used.
     own_seen: (u64, u64),
     started: Instant,
+    floor: CpuFloor,
 }
 
 impl Controller {
@@ -717,6 +742,7 @@ impl Controller {
             own: None,
             own_seen: (0, 0),
             started: Instant::now(),
+            floor: CpuFloor::new(cfg),
         }
     }
 
@@ -771,6 +797,108 @@ impl Controller {
             self.own_seen = now;
         }
         self.own.unwrap_or(0.0)
+    }
+}
+
+/// The CPU floor for the program's background threads, applied from
+/// outside as critio's `context` applies it to its own
+/// ([`critio::context::next_relief`]): each window, every background thread
+/// of the tree that is not boosted and runs as root (the processes whose
+/// background threads are niced) is read (`/proc/TID/schedstat`); one that
+/// got less than `background_cpu_min_share` of the CPU it wanted is
+/// relieved a nice level (and leaves `SCHED_IDLE`), one with well over it
+/// is given a level back. The library re-applies the full background nice
+/// when a boost ends; the next window relieves the thread again.
+#[derive(Debug)]
+struct CpuFloor {
+    min_share: f64,
+    window: Duration,
+    /// Per background thread: its times at the last window and its relief.
+    threads: HashMap<i32, (CpuTimes, i32)>,
+    /// Times a thread was relieved by one more level.
+    raises: u64,
+    /// The most any thread was relieved.
+    relief_max: i32,
+}
+
+impl CpuFloor {
+    fn new(cfg: &RunConfig) -> Self {
+        Self {
+            min_share: cfg.background_cpu_min_share,
+            window: Duration::from_millis(cfg.window_ms),
+            threads: HashMap::new(),
+            raises: 0,
+            relief_max: 0,
+        }
+    }
+
+    fn window(&mut self, c: &Control) {
+        let full = c.background_nice;
+        if self.min_share == 0.0 || full == 0 {
+            return;
+        }
+        // The log is oldest first: a thread's last record is its class now.
+        let mut latest = HashMap::new();
+        for t in c.threads() {
+            latest.insert(t.tid, t.class);
+        }
+        let mut next = HashMap::with_capacity(self.threads.len());
+        for (tid, class) in latest {
+            if class != Class::Background {
+                continue;
+            }
+            if !thread_state(tid).is_some_and(|s| s.alive && s.root) {
+                continue;
+            }
+            let Ok(now) = critio::sys::thread_cpu_times(tid) else {
+                continue;
+            };
+            let relief = match self.threads.get(&tid) {
+                None => 0, // its first window
+                Some(&(before, relief)) => critio::context::next_relief(
+                    relief,
+                    now.since(before),
+                    self.min_share,
+                    full,
+                    self.window,
+                ),
+            };
+            let old = self.threads.get(&tid).map_or(0, |&(_, r)| r);
+            if relief > old {
+                self.raises += 1;
+                self.relief_max = self.relief_max.max(relief);
+            }
+            next.insert(tid, (now, relief));
+            if !c.boosted(tid) {
+                let idle = (c.background_idle != 0).then_some(relief == 0);
+                apply_relief(tid, full - relief, idle);
+            }
+        }
+        self.threads = next;
+    }
+}
+
+/// Puts background thread `tid` at `nice` and, where the idle policy is
+/// on (`idle` is Some), in `SCHED_IDLE` or out of it; each only if it
+/// differs.
+fn apply_relief(tid: i32, nice: i32, idle: Option<bool>) {
+    let Some(pid) = rustix::process::Pid::from_raw(tid) else {
+        return;
+    };
+    if rustix::process::getpriority_process(Some(pid)).is_ok_and(|n| n != nice) {
+        let _ = rustix::process::setpriority_process(Some(pid), nice);
+    }
+    let (Some(idle), Ok(policy)) = (idle, critio::sys::thread_policy(tid)) else {
+        return;
+    };
+    match (policy, idle) {
+        (SchedPolicy::Normal, true) => {
+            let _ = critio::sys::set_thread_policy(tid, SchedPolicy::Idle);
+        }
+        (SchedPolicy::Idle, false) => {
+            let _ = critio::sys::set_thread_policy(tid, SchedPolicy::Normal);
+        }
+        _ => {}
     }
 }
 
@@ -840,6 +968,12 @@ fn print_stats(c: &Control, ctl: &Controller) {
             .map_or("not measured".into(), |r| format!("{:.0} MiB/s", r / MIB)),
         ctl.baseline
             .map_or("not measured".into(), |b| format!("{} ms", ms(b as u64))),
+    );
+    eprintln!(
+        "critio run: CPU floor ({} of the CPU a background thread wants): {} times a thread was relieved a nice level more, by at most {}",
+        ctl.floor.min_share,
+        ctl.floor.raises,
+        ctl.floor.relief_max,
     );
 }
 

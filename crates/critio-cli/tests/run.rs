@@ -916,3 +916,79 @@ os.waitpid(pid, 0)
     let (off, err) = policies("");
     assert_eq!(off, format!("{other} {other}"), "child, parent:\n{err}");
 }
+
+/// A foreground process and a background one (its fork child) spin on
+/// one CPU; the child reports its nice, which the parent samples while it
+/// competes and after it stops.
+const PY_CPU_FLOOR: &str = r#"
+import os, sys, time
+cpu = min(os.sched_getaffinity(0))
+os.sched_setaffinity(0, {cpu})
+r, w = os.pipe()
+child = os.fork()
+if child == 0:
+    # A call the library hooks classifies this thread (background).
+    with open(sys.argv[1], "wb") as f:
+        f.write(b"x")
+        os.fsync(f.fileno())
+    os.write(w, b"1")
+    parent = os.getppid()
+    while os.getppid() == parent:  # spin, and end with the parent
+        for _ in range(20000):
+            pass
+    os._exit(0)
+assert os.read(r, 1) == b"1"
+nice = lambda: os.getpriority(os.PRIO_PROCESS, child)
+lowest, start = 19, time.time()
+while time.time() - start < 3:  # compete for the CPU
+    for _ in range(20000):
+        pass
+    lowest = min(lowest, nice())
+time.sleep(3)  # leave the CPU to the child
+print("lowest", lowest, "after", nice())
+os.kill(child, 9)
+os.waitpid(child, 0)
+"#;
+
+/// The CPU floor: a background process crowded off its CPU by a
+/// foreground one at nice 0 gets its nice lowered until it has its share,
+/// and the full background nice back once it has the CPU to itself; with
+/// the floor off it stays at nice 10 throughout.
+#[test]
+fn the_cpu_floor_relieves_a_crowded_background_process_and_gives_its_nice_back() {
+    let Some(py) = python() else {
+        eprintln!("skipped: no python3");
+        return;
+    };
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: background threads are niced in processes that run as root");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let run = |share: &str| {
+        let cfg = dir.path().join(format!("floor-{share}.toml"));
+        std::fs::write(&cfg, format!("background_cpu_min_share = {share}\n")).unwrap();
+        let o = Command::new(CRITIO)
+            .args(["run", "--foreground", "main", "--stats", "--config"])
+            .arg(&cfg)
+            .args(["--", py, "-c", PY_CPU_FLOOR])
+            .arg(dir.path().join(format!("data-{share}")))
+            .output()
+            .unwrap();
+        let (out, err) = text(&o);
+        assert!(o.status.success(), "{out}\n{err}");
+        let nums: Vec<i32> = out
+            .split_whitespace()
+            .filter_map(|w| w.parse().ok())
+            .collect();
+        assert_eq!(nums.len(), 2, "{out}");
+        (nums[0], nums[1], err)
+    };
+    let (lowest, after, err) = run("0.5");
+    assert!(lowest < 10, "never relieved (lowest nice {lowest}):\n{err}");
+    assert_eq!(after, 10, "the nice was not given back:\n{err}");
+    assert!(err.contains("CPU floor (0.5 of the CPU"), "{err}");
+    let (lowest, after, err) = run("0");
+    assert_eq!((lowest, after), (10, 10), "the floor is off:\n{err}");
+}

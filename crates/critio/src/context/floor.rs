@@ -106,12 +106,13 @@ pub fn background_cpu_min_share() -> f64 {
     f64::from(MIN_SHARE.load(Ordering::SeqCst)) / 1e6
 }
 
-/// The relief for a window in which a thread ran `d.run_ns` of the
+/// The relief for a `window` in which a thread ran `d.run_ns` of the
 /// `d.run_ns + d.wait_ns` it wanted, given its relief so far and `max`
-/// (the background nice).
-pub fn next_relief(relief: i32, d: CpuTimes, min_share: f64, max: i32) -> i32 {
+/// (the background nice). `critio run` applies the same rule to the
+/// background threads of the program it runs.
+pub fn next_relief(relief: i32, d: CpuTimes, min_share: f64, max: i32, window: Duration) -> i32 {
     let wanted = d.run_ns + d.wait_ns;
-    let quiet = (wanted as u128) < WINDOW.as_nanos() / 10;
+    let quiet = (wanted as u128) < window.as_nanos() / 10;
     let share = d.run_ns as f64 / wanted.max(1) as f64;
     let ample = share >= (1.5 * min_share).min((1.0 + min_share) / 2.0);
     let next = if quiet || ample {
@@ -151,7 +152,7 @@ fn run() {
                 continue; // its first window
             };
             let relief = task.relief().load(Ordering::Relaxed);
-            let next = next_relief(relief, now.since(*before), min_share, max);
+            let next = next_relief(relief, now.since(*before), min_share, max, WINDOW);
             if next != relief {
                 task.relief().store(next, Ordering::Relaxed);
                 mirror_cpu(&task);
@@ -180,17 +181,25 @@ mod tests {
     #[test]
     fn relief_rises_below_the_floor_falls_well_above_it_and_when_quiet() {
         // A thread that ran 5 of the 50 ms it wanted: below a 0.5 floor.
-        assert_eq!(next_relief(0, window(5, 45), 0.5, 10), 1);
-        assert_eq!(next_relief(10, window(5, 45), 0.5, 10), 10, "at most max");
+        assert_eq!(next_relief(0, window(5, 45), 0.5, 10, WINDOW), 1);
+        assert_eq!(
+            next_relief(10, window(5, 45), 0.5, 10, WINDOW),
+            10,
+            "at most max"
+        );
         // Between the floor and 1.5x it: held.
-        assert_eq!(next_relief(4, window(30, 20), 0.5, 10), 4);
+        assert_eq!(next_relief(4, window(30, 20), 0.5, 10, WINDOW), 4);
         // Well above it (0.75 for a 0.5 floor): given back a level.
-        assert_eq!(next_relief(4, window(40, 10), 0.5, 10), 3);
-        assert_eq!(next_relief(0, window(50, 0), 0.5, 10), 0, "at least 0");
+        assert_eq!(next_relief(4, window(40, 10), 0.5, 10, WINDOW), 3);
+        assert_eq!(
+            next_relief(0, window(50, 0), 0.5, 10, WINDOW),
+            0,
+            "at least 0"
+        );
         // A thread that barely wanted the CPU (asleep, in I/O): relaxed.
-        assert_eq!(next_relief(4, window(1, 2), 0.5, 10), 3);
+        assert_eq!(next_relief(4, window(1, 2), 0.5, 10, WINDOW), 3);
         // A high floor's band tops out halfway to 1.
-        assert_eq!(next_relief(4, window(43, 7), 0.8, 10), 4);
-        assert_eq!(next_relief(4, window(46, 4), 0.8, 10), 3);
+        assert_eq!(next_relief(4, window(43, 7), 0.8, 10, WINDOW), 4);
+        assert_eq!(next_relief(4, window(46, 4), 0.8, 10, WINDOW), 3);
     }
 }

@@ -40,7 +40,8 @@ use std::marker::PhantomData;
 pub use blocking::{Blocker, BlockingStatus, WaitScope};
 #[cfg(not(loom))]
 pub use floor::{
-    background_cpu_min_share, cpu_floor_stats, set_background_cpu_min_share, CpuFloorStats,
+    background_cpu_min_share, cpu_floor_stats, next_relief, set_background_cpu_min_share,
+    CpuFloorStats,
 };
 pub(crate) use inherit::propagate;
 pub use inherit::{InheritKind, CHAIN_DEPTH_MAX};

@@ -1,5 +1,5 @@
 //! What the kernel's scheduler says of a thread's CPU time
-//! (`/proc/self/task/TID/schedstat`): how long it ran, and how long it
+//! (`/proc/TID/schedstat`): how long it ran, and how long it
 //! waited on a run queue, runnable but not running. The CPU floor
 //! (`context`) reads it to see whether a background thread gets the CPU it
 //! wants.
@@ -35,16 +35,14 @@ impl CpuTimes {
     }
 }
 
-/// The scheduler times of thread `tid` of this process.
+/// The scheduler times of thread `tid` (of any process).
 pub fn thread_cpu_times(tid: i32) -> io::Result<CpuTimes> {
-    let line = std::fs::read_to_string(format!("/proc/self/task/{tid}/schedstat"))?;
+    let path = format!("/proc/{tid}/schedstat");
+    let line = std::fs::read_to_string(&path)?;
     CpuTimes::parse(&line).ok_or_else(|| {
         io::Error::new(
             io::ErrorKind::InvalidData,
-            format!(
-                "/proc/self/task/{tid}/schedstat: `{}` is not `run wait slices`",
-                line.trim()
-            ),
+            format!("{path}: `{}` is not `run wait slices`", line.trim()),
         )
     })
 }
