@@ -209,6 +209,13 @@ mod tests {
             err.to_string().contains("block.starvation_period_ms"),
             "{err}"
         );
+        let err = Config::from_toml_str("[context]\nbackground_cpu_min_share = 1.5").unwrap_err();
+        assert!(
+            err.to_string().contains("context.background_cpu_min_share"),
+            "{err}"
+        );
+        let ok = Config::from_toml_str("[context]\nbackground_cpu_min_share = 0.25").unwrap();
+        assert_eq!(ok.context.background_cpu_min_share, 0.25);
     }
 
     #[test]

@@ -21,9 +21,9 @@
 //! ```
 //!
 //! One nice level is about a 1.25x weight to the kernel, so a starved
-//! thread reaches nice 0 in ten windows and settles where its share is just
-//! above the floor; a request thread still gets the CPU first whenever the
-//! background has its share. The floor works per thread and never touches
+//! thread reaches nice 0 in ten windows and settles where its share is
+//! between the floor and 1.5 times it; a request thread still gets the CPU
+//! first whenever the background has its share. The floor works per thread and never touches
 //! a critical one (inheritance has it at nice 0 already).
 
 use std::collections::HashMap;
@@ -43,6 +43,7 @@ static MIN_SHARE: AtomicU32 = AtomicU32::new(0);
 static RAISES: AtomicU64 = AtomicU64::new(0);
 /// Background threads relieved at the last window.
 static RELIEVED: AtomicU32 = AtomicU32::new(0);
+static STARTED: Once = Once::new();
 
 /// What the CPU floor has done, for INFO and metrics.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -61,7 +62,6 @@ pub fn cpu_floor_stats() -> CpuFloorStats {
         relieved: RELIEVED.load(Ordering::Relaxed),
     }
 }
-static STARTED: Once = Once::new();
 
 /// Sets the CPU floor (`min_share` of the CPU a background thread wants,
 /// within 0..=1; 0 turns it off), after checking that this kernel reports
