@@ -256,6 +256,24 @@ fn a_full_ring_blocks_appends_on_the_space_wait_and_its_helper_inherits() {
     assert_eq!(log.head_lsn(), 11);
 }
 
+/// A thread waiting in `wait_for_space(len)` on the full `log` (returned
+/// once it waits there).
+fn space_waiter(log: &Arc<Log>, len: usize) -> std::thread::JoinHandle<Result<(), LogError>> {
+    let (tx, rx) = mpsc::channel();
+    let waiter = {
+        let log = log.clone();
+        std::thread::spawn(move || {
+            tx.send(context::current()).unwrap();
+            log.wait_for_space(len)
+        })
+    };
+    wait_blocked(
+        &rx.recv().unwrap(),
+        BlockingStatus::Condvar { name: SPACE_POINT },
+    );
+    waiter
+}
+
 /// The retry pattern for appending under a lock the checkpointer needs.
 #[test]
 fn try_append_never_waits_and_wait_for_space_returns_after_truncation() {
@@ -267,18 +285,7 @@ fn try_append_never_waits_and_wait_for_space_returns_after_truncation() {
     }
     assert_eq!(log.used_pct(), 100.0);
     assert_eq!(log.try_append(&body(16, 4000)).unwrap(), None, "full");
-    let (tx, rx) = mpsc::channel();
-    let waiter = {
-        let log = log.clone();
-        std::thread::spawn(move || {
-            tx.send(context::current()).unwrap();
-            log.wait_for_space(4000)
-        })
-    };
-    wait_blocked(
-        &rx.recv().unwrap(),
-        BlockingStatus::Condvar { name: SPACE_POINT },
-    );
+    let waiter = space_waiter(&log, 4000);
     log.truncate(15).unwrap();
     waiter.join().unwrap().unwrap();
     assert_eq!(log.try_append(&body(16, 4000)).unwrap(), Some(16));
@@ -304,18 +311,7 @@ fn refused_appends_fail_waiters_for_space_and_keep_what_was_appended() {
     }
     let last = log.append(&body(15, 4000)).unwrap(); // not waited for yet
     assert_eq!(log.try_append(&body(16, 4000)).unwrap(), None, "full");
-    let (tx, rx) = mpsc::channel();
-    let waiter = {
-        let log = log.clone();
-        std::thread::spawn(move || {
-            tx.send(context::current()).unwrap();
-            log.wait_for_space(4000)
-        })
-    };
-    wait_blocked(
-        &rx.recv().unwrap(),
-        BlockingStatus::Condvar { name: SPACE_POINT },
-    );
+    let waiter = space_waiter(&log, 4000);
     log.refuse_appends("the checkpointer stopped");
     log.refuse_appends("a second reason is not kept");
     let e = waiter.join().unwrap().unwrap_err();

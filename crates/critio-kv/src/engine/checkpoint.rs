@@ -598,25 +598,11 @@ mod tests {
     use std::sync::{mpsc, Arc};
     use std::time::{Duration, Instant};
 
-    use critio::config::Config;
     use critio::context::BlockingStatus;
     use critio::device::mem::MemDevice;
 
-    use crate::engine::{Engine, EngineConfig, EngineError, SetOptions};
-
-    fn open(dev: &Arc<MemDevice>) -> Result<Engine, EngineError> {
-        let mut config = Config::default();
-        config.cache.capacity_bytes = 1 << 20;
-        config.context.background_nice = 0;
-        let stack = critio::Stack::over(dev.clone(), &config).unwrap();
-        let cfg = EngineConfig {
-            log_bytes: 4 << 20,
-            checkpoint_interval_ms: 0,
-            value_bytes_max: 64 << 10,
-            ..EngineConfig::default()
-        };
-        Engine::open(&stack, cfg)
-    }
+    use crate::engine::clean::tests::open;
+    use crate::engine::{EngineError, SetOptions};
 
     fn key(i: usize) -> Vec<u8> {
         format!("k{i:05}").into_bytes()
@@ -650,7 +636,7 @@ mod tests {
     #[test]
     fn a_checkpointer_that_panics_fails_the_writers_waiting_for_room_and_loses_nothing() {
         let dev = Arc::new(MemDevice::new(32 << 20));
-        let e = Arc::new(open(&dev).unwrap());
+        let e = Arc::new(open(&dev));
         // Hold the checkpointer back until the writer waits for room.
         let held = e.inner.ckpt.lock();
         let (tx, rx) = mpsc::channel();
@@ -698,7 +684,7 @@ mod tests {
         );
         assert_failed(&e.close().unwrap_err(), "kv-checkpointer");
         drop(Arc::into_inner(e).unwrap());
-        let e = open(&dev).unwrap();
+        let e = open(&dev);
         for i in 0..acked {
             assert_eq!(e.get(&key(i)).unwrap(), Some(value(i)), "key {i}");
         }
@@ -712,7 +698,7 @@ mod tests {
     fn a_background_job_that_panics_ends_and_fails_the_engine() {
         for (job, thread) in [(0, "kv-bgsave"), (1, "kv-bgrewrite")] {
             let dev = Arc::new(MemDevice::new(32 << 20));
-            let e = open(&dev).unwrap();
+            let e = open(&dev);
             for i in 0..50 {
                 e.set(&key(i), &value(i), SetOptions::default()).unwrap();
             }
@@ -734,7 +720,7 @@ mod tests {
             assert_eq!(e.get(&key(7)).unwrap(), Some(value(7)));
             assert!(e.close().is_err());
             drop(e);
-            let e = open(&dev).unwrap();
+            let e = open(&dev);
             for i in 0..50 {
                 assert_eq!(e.get(&key(i)).unwrap(), Some(value(i)), "{thread}: key {i}");
             }

@@ -264,7 +264,7 @@ impl Batch {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use std::cell::RefCell;
     use std::sync::Arc;
 
@@ -280,7 +280,9 @@ mod tests {
         pub(super) static BEFORE_REPOINT: RefCell<Option<Box<dyn Fn()>>> = const { RefCell::new(None) };
     }
 
-    fn open(dev: &Arc<MemDevice>) -> Engine {
+    /// A small engine over `dev` (1 MiB cache, 4 MiB log, checkpoints only
+    /// when asked or the log fills), for the engine's unit tests.
+    pub(in crate::engine) fn open(dev: &Arc<MemDevice>) -> Engine {
         let mut config = Config::default();
         config.cache.capacity_bytes = 1 << 20;
         config.context.background_nice = 0;
