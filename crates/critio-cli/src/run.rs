@@ -853,17 +853,19 @@ impl CpuFloor {
             let Ok(now) = critio::sys::thread_cpu_times(tid) else {
                 continue;
             };
-            let relief = match self.threads.get(&tid) {
-                None => 0, // its first window
-                Some(&(before, relief)) => critio::context::next_relief(
-                    relief,
-                    now.since(before),
-                    self.min_share,
-                    full,
-                    self.window,
+            let (old, relief) = match self.threads.get(&tid) {
+                None => (0, 0), // its first window
+                Some(&(before, old)) => (
+                    old,
+                    critio::context::next_relief(
+                        old,
+                        now.since(before),
+                        self.min_share,
+                        full,
+                        self.window,
+                    ),
                 ),
             };
-            let old = self.threads.get(&tid).map_or(0, |&(_, r)| r);
             if relief > old {
                 self.raises += 1;
                 self.relief_max = self.relief_max.max(relief);
