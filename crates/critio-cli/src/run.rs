@@ -838,10 +838,7 @@ impl CpuFloor {
             return;
         }
         // The log is oldest first: a thread's last record is its class now.
-        let mut latest = HashMap::new();
-        for t in c.threads() {
-            latest.insert(t.tid, t.class);
-        }
+        let latest: HashMap<i32, Class> = c.thread_classes().collect();
         let mut next = HashMap::with_capacity(self.threads.len());
         for (tid, class) in latest {
             if class != Class::Background {

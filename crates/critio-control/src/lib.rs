@@ -659,6 +659,19 @@ impl Control {
         })?
     }
 
+    /// Each kept record's thread and class, oldest first, without the
+    /// names and titles [`Control::threads`] copies out: for a caller that
+    /// reads the log every window (`critio run`'s CPU floor).
+    pub fn thread_classes(&self) -> impl Iterator<Item = (i32, Class)> + '_ {
+        self.kept().filter_map(|rec| {
+            Self::read_rec(rec, |rec| {
+                let class = Class::from_u32(rec.class.load(Ordering::Relaxed))?;
+                Some((rec.tid.load(Ordering::Relaxed), class))
+            })
+            .flatten()
+        })
+    }
+
     /// The classification log kept, oldest first.
     pub fn threads(&self) -> Vec<ThreadInfo> {
         self.kept()
@@ -952,6 +965,9 @@ mod tests {
         }
         let kept = block.threads();
         assert_eq!(kept.len(), THREADS_MAX);
+        let classes: Vec<(i32, Class)> = block.thread_classes().collect();
+        let from_threads: Vec<(i32, Class)> = kept.iter().map(|t| (t.tid, t.class)).collect();
+        assert_eq!(classes, from_threads, "the same records, without names");
         assert_eq!(kept[0].tid, 11, "the oldest ten were overwritten");
         assert_eq!(kept.last().unwrap().tid, total as i32);
         assert_eq!(block.logged_class(total as i32), Some(Class::Foreground));
