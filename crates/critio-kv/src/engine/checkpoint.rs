@@ -198,7 +198,7 @@ impl Engine {
             ckpt_cv: Condvar::with_options(opts("kv: checkpoint request")),
             bg: Mutex::with_options(Background::default(), opts("kv: background")),
             closing: AtomicBool::new(false),
-            failed: parking_lot::Mutex::new(None),
+            failed: std::sync::OnceLock::new(),
             #[cfg(test)]
             inject_panic: parking_lot::Mutex::new(None),
         });

@@ -255,7 +255,7 @@ pub(crate) struct Inner {
     bg: Mutex<checkpoint::Background>,
     closing: AtomicBool,
     /// Why the engine failed, once it has ([`Inner::fail`]).
-    failed: parking_lot::Mutex<Option<String>>,
+    failed: std::sync::OnceLock<String>,
     /// A background thread of this name panics at its next step (tests).
     #[cfg(test)]
     inject_panic: parking_lot::Mutex<Option<&'static str>>,
@@ -265,14 +265,15 @@ impl Inner {
     /// Fails the engine (see the module docs), for `why`; the first
     /// reason is kept. Wakes every writer waiting for space.
     pub(crate) fn fail(&self, why: String) {
-        self.failed.lock().get_or_insert_with(|| why.clone());
+        let _ = self.failed.set(why.clone());
         self.vlog.refuse(why.clone());
         self.log.refuse_appends(why);
     }
 
-    /// The error every write gets once the engine failed.
+    /// The error every write gets once the engine failed (one atomic
+    /// load on a write's path until then).
     pub(crate) fn failure(&self) -> Option<EngineError> {
-        self.failed.lock().clone().map(EngineError::Failed)
+        self.failed.get().cloned().map(EngineError::Failed)
     }
 
     /// Panics if a test asked the background thread `name` to.
