@@ -111,6 +111,15 @@ fn metrics_are_scraped_over_http_and_stop_with_the_server() {
         body.contains("critio_block_device_time_seconds_bucket{class=\"critical\",le=\"+Inf\"}"),
         "{body}"
     );
+    // 41 commands, each in a round of its own (one client, waiting for
+    // each reply): a round per command in each part's histogram.
+    for part in ["run", "commit", "send"] {
+        let key = format!("critio_kv_round_seconds_count{{part=\"{part}\"}}");
+        assert!(
+            sample(&body, &key).is_some_and(|n| n >= 41.0),
+            "no {key} of at least 41 in:\n{body}"
+        );
+    }
     // Every critical request waited in the block layer's queue (if only
     // for no time): a wait-point histogram of the critical class.
     assert!(

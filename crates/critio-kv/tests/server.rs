@@ -278,6 +278,18 @@ fn info_and_config_get() {
     }
     let only: String = ok(&mut c, &["INFO", "keyspace"]);
     assert_eq!(only, "# Keyspace\r\ndb0:keys=1\r\n");
+    // Where the workers' rounds went: one client waiting for each reply
+    // gives one round per command. CONFIG RESETSTAT's own round is
+    // counted after the reset, and INFO runs in the next round.
+    ok::<()>(&mut c, &["CONFIG", "RESETSTAT"]);
+    let critio: String = ok(&mut c, &["INFO", "critio"]);
+    for part in ["run", "commit", "send"] {
+        let line = critio
+            .lines()
+            .find(|l| l.starts_with(&format!("round_{part}:")))
+            .unwrap_or_else(|| panic!("INFO lacks round_{part}:\n{critio}"));
+        assert!(line.contains(":count=1,"), "{line}");
+    }
     let cfg: Vec<String> = ok(&mut c, &["CONFIG", "GET", "save"]);
     assert_eq!(cfg, ["save", "1 1"]);
     let cfg: Vec<String> = ok(&mut c, &["CONFIG", "GET", "appendonly"]);

@@ -323,6 +323,12 @@ fn critio_section(s: &Shared, out: &mut String) {
         "device_capacity_bytes",
         b.block.device().info().capacity,
     );
+    {
+        let t = s.stats.rounds.lock();
+        latency(out, "round_run", &t.run.summary());
+        latency(out, "round_commit", &t.commit.summary());
+        latency(out, "round_send", &t.send.summary());
+    }
     block(s, out);
     cache(s, out);
     log(s, out);

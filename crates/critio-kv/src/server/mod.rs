@@ -61,6 +61,7 @@ use std::time::{Duration, Instant};
 
 use critio::block::BlockLayer;
 use critio::cache::PageCache;
+use critio::metrics::LatencyHistogram;
 use critio::nvwc::WriteCache;
 use parking_lot::{Condvar, Mutex};
 
@@ -175,6 +176,19 @@ pub(crate) struct Stats {
     /// background thread and parked their
     /// connection while a miss reader waited for it.
     pub parked_on_locks: AtomicU64,
+    /// Where the workers' rounds spend their time (INFO `round_*`).
+    pub rounds: Mutex<RoundTimes>,
+}
+
+/// How long each part of the workers' rounds took: running the ready
+/// connections' requests, the one commit wait, sending the replies. A
+/// reply waits for all three of its round, so these say which one a tail
+/// comes from. One lock per round, not per request.
+#[derive(Default)]
+pub(crate) struct RoundTimes {
+    pub run: LatencyHistogram,
+    pub commit: LatencyHistogram,
+    pub send: LatencyHistogram,
 }
 
 impl Stats {
@@ -198,6 +212,7 @@ impl Stats {
         ] {
             c.store(0, Ordering::Relaxed);
         }
+        *self.rounds.lock() = RoundTimes::default();
     }
 }
 

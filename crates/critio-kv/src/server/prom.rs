@@ -35,6 +35,7 @@
 //! | `background_cpu_floor_raises_total` (counter), `background_cpu_relieved_threads` (gauge): the CPU floor | counter, gauge | |
 //! | `kv_connections_received_total`, `kv_commands_processed_total`, `kv_keyspace_hits_total`, `kv_keyspace_misses_total` | counter | |
 //! | `kv_connected_clients`, `kv_keys`                       | gauge     |                   |
+//! | `kv_round_seconds`: the workers' rounds, by part        | histogram | `part` (`run`, `commit`, `send`) |
 //! | `kv_info` (1)                                           | gauge     | `version`, `scheme`, `device` |
 //! | `write_cache_*` (with a write cache only): writes, cached/hit/bypassed writes, reissues, stalls, writeback, reads; slots, used slots, dirty blocks | counter, gauge | |
 //!
@@ -677,6 +678,20 @@ fn write_cache(out: &mut Out, b: &Backend) -> fmt::Result {
 
 fn server(out: &mut Out, s: &Shared) -> fmt::Result {
     let st = &s.stats;
+    let rounds = {
+        let t = st.rounds.lock();
+        [&t.run, &t.commit, &t.send].map(|h| h.buckets(&LATENCY_BUCKETS))
+    };
+    let rows: Vec<_> = ["run", "commit", "send"]
+        .iter()
+        .zip(&rounds)
+        .map(|(part, b)| ([("part", *part)], b))
+        .collect();
+    out.histograms(
+        "kv_round",
+        "The request workers' rounds: running the ready connections' requests (run), the round's one commit wait (commit), sending the replies (send).",
+        &rows,
+    )?;
     let get = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
     for (name, help, v) in [
         (
