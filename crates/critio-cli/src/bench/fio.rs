@@ -5,7 +5,9 @@
 //! ```text
 //!  probe = one measured fio job (4 KiB, O_DIRECT), optionally next to a
 //!          background writer (128 KiB sequential writes, QD 4, unpaced or
-//!          at a static rate) in its own reporting group
+//!          at a static rate) in its own reporting group, and optionally
+//!          with every CPU kept busy by `SCHED_IDLE` spinners (they take
+//!          only CPU time nothing else wants)
 //!  fio --output-format=json ... ─> the measured job's completion latency
 //!          percentiles (p50/p99/p99.9/max) and rate, and the writer's rate
 //! ```
@@ -15,6 +17,8 @@
 
 use std::path::Path;
 use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 use serde_json::{json, Value};
 
@@ -33,6 +37,48 @@ pub struct Probe {
     /// A background writer next to it: `None`, or its rate limit in MiB/s
     /// (`Some(0)`: unpaced).
     pub writer_mib_s: Option<u32>,
+    /// Keep every CPU busy meanwhile with a `SCHED_IDLE` spinner each: on
+    /// a virtual machine, whether the guest's CPUs are busy can decide the
+    /// device's tail (the host's I/O work competes with busy vCPUs), and
+    /// a server's background work keeps them busy.
+    pub busy_cpus: bool,
+}
+
+/// A `SCHED_IDLE` spinner per CPU until dropped.
+struct Spinners {
+    stop: Arc<AtomicBool>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl Spinners {
+    fn start() -> Spinners {
+        let stop = Arc::new(AtomicBool::new(false));
+        let n = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let threads = (0..n)
+            .map(|_| {
+                let stop = stop.clone();
+                std::thread::spawn(move || {
+                    let tid = rustix::thread::gettid().as_raw_nonzero().get();
+                    // Best effort: where SCHED_IDLE is refused, the spinner
+                    // runs at the normal policy and still keeps the CPU busy.
+                    let _ = critio::sys::set_thread_policy(tid, critio::sys::SchedPolicy::Idle);
+                    while !stop.load(Ordering::Relaxed) {
+                        std::hint::spin_loop();
+                    }
+                })
+            })
+            .collect();
+        Spinners { stop, threads }
+    }
+}
+
+impl Drop for Spinners {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
 }
 
 /// What one probe measured.
@@ -111,12 +157,14 @@ pub fn measure(
             args.push(format!("--rate={rate}m"));
         }
     }
+    let spinners = probe.busy_cpus.then(Spinners::start);
     let out = spawn_on(cpus, || {
         Command::new("fio")
             .args(&args)
             .output()
             .map_err(|e| format!("cannot run fio: {e}"))
     });
+    drop(spinners);
     let _ = std::fs::remove_file(&data);
     let _ = std::fs::remove_file(&bg);
     let out = out?;
@@ -168,42 +216,43 @@ fn parse(out: &str, read: bool) -> Result<Measured, String> {
 const COMMIT: &[&str] = &["--rw=write", "--ioengine=psync", "--sync=dsync"];
 
 /// The probes of a key-value server's device: a log commit (a 4 KiB
-/// `O_DIRECT|O_DSYNC` write, QD 1) alone, next to a writer held to a
-/// static rate, and next to an unpaced one; and 4 KiB random reads from
-/// one thread with 16 in flight (io_uring) against 16 threads with one
-/// each (as a server's blocking readers do it).
-pub const KV_PROBES: [Probe; 5] = [
-    Probe {
-        label: "commit (4 KiB O_DSYNC write, QD 1), alone",
-        read: false,
-        job: COMMIT,
-        writer_mib_s: None,
-    },
-    Probe {
-        label: "commit, writer at 32 MiB/s",
-        read: false,
-        job: COMMIT,
-        writer_mib_s: Some(32),
-    },
-    Probe {
-        label: "commit, unpaced writer",
-        read: false,
-        job: COMMIT,
-        writer_mib_s: Some(0),
-    },
+/// `O_DIRECT|O_DSYNC` write, QD 1) alone, with every CPU busy, next to a
+/// writer held to a static rate (32 MiB/s, and 160 MiB/s with and without
+/// the CPUs busy), and next to an unpaced one; and 4 KiB random reads
+/// from one thread with 16 in flight (io_uring) against 16 threads with
+/// one each (as a server's blocking readers do it).
+pub const KV_PROBES: [Probe; 8] = [
+    commit("commit (4 KiB O_DSYNC write, QD 1), alone", None, false),
+    commit("commit, CPUs busy (SCHED_IDLE spinners)", None, true),
+    commit("commit, writer at 32 MiB/s", Some(32), false),
+    commit("commit, writer at 160 MiB/s", Some(160), false),
+    commit("commit, writer at 160 MiB/s, CPUs busy", Some(160), true),
+    commit("commit, unpaced writer", Some(0), false),
     Probe {
         label: "4 KiB random reads, 1 thread, QD 16",
         read: true,
         job: &["--rw=randread", "--ioengine=io_uring", "--iodepth=16"],
         writer_mib_s: None,
+        busy_cpus: false,
     },
     Probe {
         label: "4 KiB random reads, 16 threads, QD 1 each",
         read: true,
         job: &["--rw=randread", "--ioengine=psync", "--numjobs=16"],
         writer_mib_s: None,
+        busy_cpus: false,
     },
 ];
+
+const fn commit(label: &'static str, writer_mib_s: Option<u32>, busy_cpus: bool) -> Probe {
+    Probe {
+        label,
+        read: false,
+        job: COMMIT,
+        writer_mib_s,
+        busy_cpus,
+    }
+}
 
 /// Runs `probes` in `dir`, `seconds` each, one after another, into a
 /// table; on `cpus` if given.
@@ -283,8 +332,10 @@ mod tests {
         }
         let dir = std::env::temp_dir().join(format!("critio-fio-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
+        // With the spinners too: they must stop when fio ends.
         let probe = Probe {
             writer_mib_s: Some(8),
+            busy_cpus: true,
             ..KV_PROBES[0].clone()
         };
         let m = measure(&dir, &probe, 1, None);
