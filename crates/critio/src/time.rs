@@ -61,3 +61,38 @@ impl Clock {
         Instant::now() + Duration::from_nanos(ahead)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_clock_moves_forward_with_real_time() {
+        let clock = Clock::new();
+        let (a, b) = (clock.now(), clock.now());
+        assert!(a <= b);
+        let wall = Instant::now();
+        std::thread::sleep(Duration::from_millis(10));
+        let slept = clock.now() - b;
+        // The sleep lasts at least 10 ms; the counter is calibrated to a
+        // few parts per million, so it cannot read less than 9.
+        assert!(slept >= 9 * MS, "{slept} ns");
+        assert!(slept <= nanos(wall.elapsed()) + MS, "{slept} ns");
+    }
+
+    #[test]
+    fn a_deadline_maps_to_an_instant_from_now() {
+        let clock = Clock::new();
+        let before = Instant::now();
+        let past = clock.instant(0);
+        assert!(past >= before && past <= Instant::now());
+        // 50 ms after a moment between t0 and t1, give or take the
+        // counter's calibration and the time between the two reads.
+        let t0 = Instant::now();
+        let soon = clock.instant(clock.now() + 50 * MS);
+        let t1 = Instant::now();
+        let ms = Duration::from_millis;
+        assert!(soon + (t1 - t0) + ms(1) >= t0 + ms(50), "{:?}", soon - t0);
+        assert!(soon <= t1 + ms(51), "{:?}", soon - t0);
+    }
+}
