@@ -146,6 +146,12 @@ impl WaitScope {
         }
     }
 
+    /// Records the wait as non-critical whatever the task's class: a wait
+    /// for work, which no request waits through.
+    pub(crate) fn count_as_idle(&mut self) {
+        self.critical_at_start = false;
+    }
+
     /// The waiting task.
     pub fn task(&self) -> &TaskRef {
         &self.task

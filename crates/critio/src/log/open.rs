@@ -103,7 +103,9 @@ impl Log {
                 .map(|_| Condvar::with_options(sync.options_in(COMMIT_POINT, &metrics))),
             space_cv: Condvar::with_options(sync.options_in(SPACE_POINT, &metrics)),
             work_cv: Condvar::with_options(
-                sync.options_in(WRITER_IDLE_POINT, &metrics).inherit(false),
+                sync.options_in(WRITER_IDLE_POINT, &metrics)
+                    .inherit(false)
+                    .idle(),
             ),
             header: Mutex::with_options(
                 HeaderState { header: hdr, image },

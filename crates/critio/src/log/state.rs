@@ -141,7 +141,9 @@ pub(crate) struct Shared {
     pub(crate) commit_cv: [Condvar; 2],
     /// "log: space wait": appenders (and the writer) wait for room.
     pub(crate) space_cv: Condvar,
-    /// "log: writer idle": the writer waits for records (no inheritance).
+    /// "log: writer idle": the writer waits for records (no inheritance; a
+    /// wait for work, recorded as non-critical even while the writer is
+    /// still boosted from its last batch).
     pub(crate) work_cv: Condvar,
     pub(crate) header: Mutex<HeaderState>,
 }

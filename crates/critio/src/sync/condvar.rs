@@ -174,6 +174,35 @@ mod tests {
     }
 
     #[test]
+    fn a_wait_for_work_is_not_counted_as_a_critical_wait() {
+        use crate::context::{self, Class};
+        use crate::metrics::MetricsHandle;
+        use crate::sync::SyncOptions;
+        let metrics = MetricsHandle::new_registry();
+        let m = Mutex::new(());
+        let work = Condvar::with_options(
+            SyncOptions::named("t: idle")
+                .idle()
+                .metrics(metrics.clone()),
+        );
+        let other = Condvar::with_options(SyncOptions::named("t: other").metrics(metrics.clone()));
+        let _fg = context::foreground();
+        for cv in [&work, &other] {
+            let (g, r) = cv.wait_timeout(m.lock(), Duration::from_millis(2));
+            assert!(r.timed_out());
+            drop(g);
+        }
+        let count = |point, class| metrics.get().wait_histogram(point, class).count();
+        assert_eq!(count("t: idle", Class::Critical), 0);
+        assert_eq!(count("t: idle", Class::NonCritical), 1);
+        assert_eq!(
+            count("t: other", Class::Critical),
+            1,
+            "a critical waiter's own wait"
+        );
+    }
+
+    #[test]
     fn wait_timeout_times_out_and_dequeues() {
         let m = Mutex::new(());
         let cv = Condvar::named("t-timeout");

@@ -86,7 +86,10 @@ impl WaitQueue {
         let status = BlockingStatus::Condvar {
             name: self.opts.name,
         };
-        let scope = WaitScope::record(status, self.clone());
+        let mut scope = WaitScope::record(status, self.clone());
+        if self.opts.idle {
+            scope.count_as_idle();
+        }
         side.waiters.push_back(task, woken.clone());
         self.sync_boost(side, Instant::now(), flipped);
         Ticket { scope, woken }

@@ -62,6 +62,12 @@ pub struct SyncOptions {
     /// The registry waits on this primitive are recorded in (a stack's, or
     /// the process-wide one).
     pub metrics: MetricsHandle,
+    /// Waits on this primitive are a thread waiting for work (a log
+    /// writer with nothing to write): no request waits through them, so
+    /// they are recorded as non-critical whatever the waiter's class (a
+    /// helper still boosted from its last request would otherwise show in
+    /// the critical wait tables, idle).
+    pub idle: bool,
 }
 
 impl SyncOptions {
@@ -72,7 +78,14 @@ impl SyncOptions {
             inherit: true,
             helper_window: HELPER_WINDOW_DEFAULT,
             metrics: MetricsHandle::GLOBAL,
+            idle: false,
         }
+    }
+
+    /// The same options for a wait for work (see [`SyncOptions::idle`]).
+    pub const fn idle(mut self) -> Self {
+        self.idle = true;
+        self
     }
 
     /// The same options with inheritance switched on or off.
