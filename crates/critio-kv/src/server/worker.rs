@@ -288,7 +288,11 @@ impl Worker<'_> {
                 self.finish();
                 return;
             }
-            self.round(&ready);
+            // A tick or a mailbox wake-up with nothing ready is no round
+            // (nothing to run, commit or send, and none in the timings).
+            if !ready.is_empty() {
+                self.round(&ready);
+            }
             self.close_idle();
         }
     }
