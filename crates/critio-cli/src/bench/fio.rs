@@ -192,10 +192,14 @@ fn parse(out: &str, read: bool) -> Result<Measured, String> {
     };
     let m = &job(MEASURED)?[if read { "read" } else { "write" }];
     let clat = &m["clat_ns"];
+    let max_ms = clat["max"].as_f64().ok_or("no max")? / 1e6;
+    // fio reports a percentile as the upper bound of its histogram bucket
+    // (up to 1/64 above the true value), which may exceed the exact max
+    // it also reports: a percentile is never above the max.
     let pct = |p: &str| -> Result<f64, String> {
         clat["percentile"][p]
             .as_f64()
-            .map(|ns| ns / 1e6)
+            .map(|ns| (ns / 1e6).min(max_ms))
             .ok_or_else(|| format!("no {p} percentile"))
     };
     let writer_mb_s = match jobs.iter().find(|j| j["jobname"] == WRITER) {
@@ -207,7 +211,7 @@ fn parse(out: &str, read: bool) -> Result<Measured, String> {
         p50_ms: pct("50.000000")?,
         p99_ms: pct("99.000000")?,
         p999_ms: pct("99.900000")?,
-        max_ms: clat["max"].as_f64().ok_or("no max")? / 1e6,
+        max_ms,
         writer_mb_s,
     })
 }
@@ -322,6 +326,14 @@ mod tests {
         // The read side has no 99th percentile: an error, not a zero.
         assert!(parse(OUT, true).unwrap_err().contains("99.000000"));
         assert!(parse("fio: no output", false).is_err());
+    }
+
+    #[test]
+    fn a_percentile_bucket_above_the_max_is_read_as_the_max() {
+        // A max of 0.5 ms, inside the 99.9th percentile's bucket (0.528).
+        let out = OUT.replace("\"max\" : 1580000", "\"max\" : 500000");
+        let m = parse(&out, false).unwrap();
+        assert_eq!((m.p99_ms, m.p999_ms, m.max_ms), (0.232, 0.5, 0.5));
     }
 
     #[test]
