@@ -42,6 +42,7 @@
 //! record_bytes_max = 262144
 //! pending_bytes_max = 4194304    # appenders wait beyond this
 //! allow_corrupt_truncate = false # open refuses a corrupt (not torn) tail
+//! committer_writes = true        # a foreground commit writes its own batch (no writer hand-off)
 //!
 //! [device]                       # what crate::stack::Stack::open opens
 //! spec = "mem"                   # mem | sim[:ssd|:hdd][:PATH] | file:PATH | pool:PATH

@@ -24,7 +24,9 @@ use critio::device::{
     submit_and_wait, AlignedBuf, Command, Completer, Completion, Device, DeviceError, DeviceInfo,
     Op,
 };
-use critio::log::{Log, LogConfig, LogError, Lsn, Recovery, Tail, COMMIT_POINT, SPACE_POINT};
+use critio::log::{
+    Log, LogConfig, LogError, Lsn, Recovery, Tail, COMMIT_POINT, SPACE_POINT, WRITER_IDLE_POINT,
+};
 use parking_lot::Mutex;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
@@ -41,6 +43,7 @@ fn small_cfg() -> LogConfig {
         record_bytes_max: 16 * KIB,
         pending_bytes_max: 128 * KIB,
         allow_corrupt_truncate: false,
+        ..LogConfig::default()
     }
 }
 
@@ -53,6 +56,7 @@ fn tiny_cfg() -> LogConfig {
         record_bytes_max: 6000,
         pending_bytes_max: 28 * KIB,
         allow_corrupt_truncate: false,
+        ..LogConfig::default()
     }
 }
 
@@ -821,6 +825,7 @@ fn crash_cfg() -> LogConfig {
         record_bytes_max: 12 * KIB,
         pending_bytes_max: 64 * KIB,
         allow_corrupt_truncate: false,
+        ..LogConfig::default()
     }
 }
 
@@ -944,7 +949,12 @@ fn faulty_power_cuts_lose_no_acknowledged_record() {
 
 /// Releases every command that reaches the gate until `done`.
 fn release_until(gate: &GateDevice, done: impl Fn() -> bool) {
+    let start = std::time::Instant::now();
     while !done() {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "still not done after releasing the gate for 60 s"
+        );
         gate.release_all();
         std::thread::sleep(Duration::from_millis(1));
     }
@@ -953,9 +963,12 @@ fn release_until(gate: &GateDevice, done: impl Fn() -> bool) {
 /// A log of `small_cfg()` on a gated device, opened with the gate
 /// released.
 fn gated_log() -> (Arc<GateDevice>, LogConfig, Arc<Log>) {
+    gated_log_with(small_cfg())
+}
+
+fn gated_log_with(cfg: LogConfig) -> (Arc<GateDevice>, LogConfig, Arc<Log>) {
     let gate = GateDevice::new(32);
     let dev: Arc<dyn Device> = gate.clone();
-    let cfg = small_cfg();
     let log = Arc::new(pumped(&gate, || open(&dev, &cfg).0));
     (gate, cfg, log)
 }
@@ -1013,8 +1026,9 @@ fn a_foreground_commit_makes_the_busy_log_writer_critical() {
     );
     assert!(!writer.is_foreground());
 
-    // Release the background batch: its flush, then the foreground batch's
-    // write and flush are issued by a critical writer.
+    // Release the background batch: its flush is issued by the critical
+    // writer; then the foreground batch's write and flush, by the
+    // foreground committer itself (`committer_writes`).
     release_until(&gate, || {
         foreground.is_finished() && background.is_finished()
     });
@@ -1029,6 +1043,7 @@ fn a_foreground_commit_makes_the_busy_log_writer_critical() {
         ],
         "the flush, write and flush of a critical writer"
     );
+    assert_eq!(log.stats().committer_batches, 1, "{:?}", log.stats());
     wait_until("the writer is non-critical again", || !writer.is_critical());
     assert!(
         critical_waits() > waits_before,
@@ -1036,12 +1051,238 @@ fn a_foreground_commit_makes_the_busy_log_writer_critical() {
     );
 }
 
+/// `committer_writes` (the default): a foreground task's records wait for
+/// its commit, which writes them, and every record before them, as one
+/// batch in its own thread: critical, with no hand-off to the log writer
+/// (which stays idle throughout).
+#[test]
+fn a_foreground_commit_writes_its_batch_in_its_own_thread() {
+    let (gate, cfg, log) = gated_log();
+    let writer = log.writer_task().clone();
+    let data = ring_offset(&cfg, 0);
+    let n0 = gate.arrivals().len();
+    let (tx, rx) = mpsc::channel();
+    let (go_tx, go_rx) = mpsc::channel::<()>();
+    let foreground = {
+        let log = log.clone();
+        std::thread::spawn(move || {
+            context::set_foreground();
+            let lsns: Vec<Lsn> = (0..3).map(|i| log.append(&body(i, 100)).unwrap()).collect();
+            tx.send(context::current()).unwrap();
+            go_rx.recv().unwrap();
+            log.commit(lsns[2]).unwrap();
+            lsns
+        })
+    };
+    let fg = rx.recv().unwrap();
+    assert_eq!(log.next_lsn(), 4);
+    assert_eq!(
+        writer.blocking_status(),
+        Some(BlockingStatus::Condvar {
+            name: WRITER_IDLE_POINT
+        }),
+        "foreground appends leave the writer asleep"
+    );
+    go_tx.send(()).unwrap();
+    wait_until("the committer blocks in its own batch write", || {
+        matches!(fg.blocking_status(), Some(BlockingStatus::Io { .. }))
+    });
+    assert_eq!(gate.arrivals()[n0], (data, Class::Critical));
+    assert_eq!(
+        writer.blocking_status(),
+        Some(BlockingStatus::Condvar {
+            name: WRITER_IDLE_POINT
+        }),
+        "the writer is not involved"
+    );
+    release_until(&gate, || foreground.is_finished());
+    assert_eq!(foreground.join().unwrap(), vec![1, 2, 3]);
+    assert_eq!(
+        gate.arrivals()[n0 + 1..],
+        [(0, Class::Critical)],
+        "its flush"
+    );
+    let stats = log.stats();
+    assert_eq!(
+        (stats.batches, stats.committer_batches, stats.records),
+        (1, 1, 3),
+        "{stats:?}"
+    );
+    assert_eq!(log.durable_lsn(), 3);
+}
+
+/// A record a foreground task appended, committed by someone else (a
+/// background task: a checkpointer truncating past it, say), is written
+/// by the log writer, which that commit wakes; and with
+/// `committer_writes` off, the writer writes every batch.
+#[test]
+fn a_foreground_record_another_task_commits_is_written_by_the_writer() {
+    for committer_writes in [true, false] {
+        let dev = mem(1 << 20);
+        let cfg = LogConfig {
+            committer_writes,
+            ..small_cfg()
+        };
+        let log = Arc::new(open(&dev, &cfg).0);
+        let lsn = {
+            let log = log.clone();
+            std::thread::spawn(move || {
+                context::set_foreground();
+                log.append(b"foreground, not committed").unwrap()
+            })
+            .join()
+            .unwrap()
+        };
+        let (tx, rx) = mpsc::channel();
+        {
+            let log = log.clone();
+            std::thread::spawn(move || tx.send(log.commit(lsn)).unwrap());
+        }
+        let committed = rx.recv_timeout(Duration::from_secs(30));
+        assert!(
+            matches!(committed, Ok(Ok(()))),
+            "committer_writes {committer_writes}: the background commit returned {committed:?}"
+        );
+        let stats = log.stats();
+        assert_eq!(
+            (stats.batches, stats.committer_batches),
+            (1, 0),
+            "committer_writes {committer_writes}: {stats:?}"
+        );
+        // A foreground commit with the option off waits for the writer.
+        let fg = {
+            let log = log.clone();
+            std::thread::spawn(move || {
+                context::set_foreground();
+                log.append_commit(b"foreground, committed").unwrap()
+            })
+        };
+        assert_eq!(fg.join().unwrap(), lsn + 1);
+        let want = u64::from(committer_writes);
+        assert_eq!(log.stats().committer_batches, want, "{:?}", log.stats());
+    }
+}
+
+/// The same while a batch is in flight: the background commit of a
+/// foreground record waits for the next batch, and the writer, told it is
+/// needed, takes it once the batch in flight is done.
+#[test]
+fn a_background_commit_of_a_foreground_record_behind_a_batch_in_flight_completes() {
+    let (gate, _cfg, log) = gated_log();
+    let n0 = gate.arrivals().len();
+    let first = {
+        let log = log.clone();
+        std::thread::spawn(move || log.append_commit(b"background").unwrap())
+    };
+    gate.wait_arrivals(n0 + 1); // its write is held
+    let lsn = {
+        let log = log.clone();
+        std::thread::spawn(move || {
+            context::set_foreground();
+            log.append(b"foreground, not committed").unwrap()
+        })
+        .join()
+        .unwrap()
+    };
+    let (tx, rx) = mpsc::channel();
+    let committer = {
+        let log = log.clone();
+        std::thread::spawn(move || {
+            tx.send(context::current()).unwrap();
+            log.commit(lsn).unwrap()
+        })
+    };
+    let task = rx.recv().unwrap();
+    wait_blocked(&task, BlockingStatus::Condvar { name: COMMIT_POINT });
+    release_until(&gate, || first.is_finished() && committer.is_finished());
+    assert_eq!(first.join().unwrap(), 1);
+    committer.join().unwrap();
+    let stats = log.stats();
+    assert_eq!(
+        (stats.batches, stats.committer_batches),
+        (2, 0),
+        "{stats:?}"
+    );
+}
+
+/// Records admitted to a nearly full ring (by their unpadded size) may not
+/// fit once batched (each batch padded to whole blocks): then the writer
+/// waits for space that only a truncation frees, and a truncation past
+/// them first drops the records already durable instead of waiting for
+/// them forever.
+#[test]
+fn a_truncation_past_records_the_full_ring_cannot_place_drops_the_durable_ones_first() {
+    let dev = mem(1 << 20);
+    let cfg = LogConfig {
+        region_offset_bytes: 0,
+        region_bytes: 64 * KIB, // 15 ring blocks
+        batch_bytes_max: 8 * KIB,
+        record_bytes_max: 4000,
+        pending_bytes_max: 28 * KIB,
+        ..LogConfig::default()
+    };
+    let log = Arc::new(open(&dev, &cfg).0);
+    for lsn in 1..=11 {
+        log.append_commit(&body(lsn, 3000)).unwrap(); // a block each
+    }
+    assert_eq!(log.stats().used_bytes, 11 * BLOCK);
+    // Seven records of 2104 encoded bytes, 14728 of the 16384 bytes free,
+    // appended by a foreground task that leaves them to its commit. As
+    // batches of three (two blocks), three (two) and one (one), they need
+    // five blocks of the four.
+    let last = {
+        let log = log.clone();
+        std::thread::spawn(move || {
+            context::set_foreground();
+            let mut last = 0;
+            for lsn in 12..=18 {
+                last = log.append(&body(lsn, 2080)).unwrap();
+            }
+            last
+        })
+        .join()
+        .unwrap()
+    };
+    assert_eq!(last, 18);
+    let (tx, rx) = mpsc::channel();
+    {
+        let log = log.clone();
+        std::thread::spawn(move || tx.send(log.commit(last)).unwrap());
+    }
+    wait_blocked(
+        log.writer_task(),
+        BlockingStatus::Condvar { name: SPACE_POINT },
+    );
+    assert_eq!(log.stats().used_bytes, 15 * BLOCK, "two batches placed");
+    assert_eq!(log.durable_lsn(), 17);
+    // The checkpointer's truncation past the last record.
+    let (ttx, trx) = mpsc::channel();
+    {
+        let log = log.clone();
+        std::thread::spawn(move || ttx.send(log.truncate(last)).unwrap());
+    }
+    let truncated = trx.recv_timeout(Duration::from_secs(30));
+    assert!(matches!(truncated, Ok(Ok(()))), "{truncated:?}");
+    let committed = rx.recv_timeout(Duration::from_secs(30));
+    assert!(matches!(committed, Ok(Ok(()))), "{committed:?}");
+    assert_eq!((log.durable_lsn(), log.head_lsn()), (18, 19));
+    assert_eq!(
+        log.stats().truncations,
+        2,
+        "the durable part, then the rest"
+    );
+}
+
 /// A batch holding a record a critical task appended is written critical
-/// from the start, before that task reaches its commit wait (the writer
-/// usually takes the batch first); a batch of background records is not.
+/// from the start, before that task reaches its commit wait (without
+/// `committer_writes` the writer usually takes the batch first); a batch of
+/// background records is not.
 #[test]
 fn a_batch_a_critical_task_appended_to_is_written_critical_before_anyone_waits() {
-    let (gate, cfg, log) = gated_log();
+    let (gate, cfg, log) = gated_log_with(LogConfig {
+        committer_writes: false,
+        ..small_cfg()
+    });
     let data = ring_offset(&cfg, 0);
     let n0 = gate.arrivals().len();
 

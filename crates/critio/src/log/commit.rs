@@ -20,7 +20,10 @@
 
 use super::header::Header;
 use super::record::{encoded_len, Draft};
+use super::state::{Shared, State};
+use super::writer::{self, By};
 use super::{Log, LogError, Lsn};
+use crate::sync::MutexGuard;
 
 impl Log {
     /// Appends a record and returns its LSN; it becomes durable with a later
@@ -54,7 +57,7 @@ impl Log {
             if st.room_for(encoded_len(len), &sh.limits) {
                 return Ok(());
             }
-            st = sh.space_cv.wait(st);
+            st = wait_space(sh, st);
         }
     }
 
@@ -82,17 +85,19 @@ impl Log {
             if !wait {
                 return Ok(None);
             }
-            st = sh.space_cv.wait(st);
+            st = wait_space(sh, st);
         }
         let lsn = st.next_lsn;
         let record = draft.seal(lsn, sh.epoch);
         st.pending_bytes += record.len() as u64;
         st.pending.push_back(record);
-        if crate::context::current_class() == crate::class::Class::Critical {
+        let critical = crate::context::current_class() == crate::class::Class::Critical;
+        if critical {
             st.critical_lsn = lsn;
         }
         st.next_lsn += 1;
-        let wake = std::mem::take(&mut st.writer_idle);
+        // A foreground appender's commit writes the record itself.
+        let wake = !(critical && sh.limits.committer_writes) && st.call_writer();
         st.check_invariants();
         drop(st);
         if wake {
@@ -105,10 +110,19 @@ impl Log {
     /// its batch's write or flush failed (or an earlier one did: the log is
     /// poisoned), or if the log closed before it was written.
     ///
+    /// A foreground (critical) caller, with `log.committer_writes` on,
+    /// writes the batch itself when no batch is in flight: every pending
+    /// record up to its own (and after, up to `batch_bytes_max`), one write
+    /// and one flush in its own thread. Otherwise it waits on "log: commit
+    /// wait" for the batch in flight (whose writer inherits its
+    /// criticality), or for the log writer's next batch.
+    ///
     /// # Panics
     /// If `lsn` was never appended.
     pub fn commit(&self, lsn: Lsn) -> Result<(), LogError> {
         let sh = &self.shared;
+        let lead = sh.limits.committer_writes
+            && crate::context::current_class() == crate::class::Class::Critical;
         let mut st = sh.state.lock();
         assert!(
             lsn >= 1 && lsn < st.next_lsn,
@@ -125,8 +139,30 @@ impl Log {
             if st.writer_done {
                 return Err(LogError::Closed);
             }
+            if lsn >= st.placed_next() {
+                // Not taken yet: this caller writes it, or the writer must.
+                let free = st.inflight.is_none();
+                if lead && free {
+                    if let Some(batch) = writer::take_batch(sh, &mut st) {
+                        drop(st);
+                        sh.space_cv.notify_all(); // pending room freed
+                        let result = writer::write_batch(sh, &batch);
+                        writer::finish(sh, &batch, result, By::Committer);
+                        st = sh.state.lock();
+                        continue;
+                    }
+                    // The ring is full: the writer waits for room, and
+                    // inherits from this wait while it does.
+                }
+                if (!lead || free) && st.call_writer() {
+                    sh.work_cv.notify_one();
+                }
+            }
+            // The batch to wait for: the one in flight if the record is in
+            // it, or if this caller will write the next one itself once it
+            // completes; else the next one (the writer's).
             let batch = match st.inflight {
-                Some((_, last)) if lsn <= last => st.batches_taken - 1,
+                Some((_, last)) if lsn <= last || lead => st.batches_taken - 1,
                 _ => st.batches_taken,
             };
             st = sh.commit_queue(batch).wait(st);
@@ -148,14 +184,30 @@ impl Log {
     /// (space is freed by whole batches) but no longer recovered. A no-op if
     /// the head is already past `upto`.
     ///
+    /// If some of them are not durable yet, the durable ones are dropped
+    /// first: the rest may be waiting for the very ring space they hold
+    /// (the ring full, and only this truncation able to free it).
+    ///
     /// # Panics
     /// If `upto` was never appended.
     pub fn truncate(&self, upto: Lsn) -> Result<(), LogError> {
+        if upto == 0 {
+            return Ok(());
+        }
+        let durable = self.shared.state.lock().durable_lsn;
+        if durable < upto {
+            self.truncate_durable(durable)?;
+            self.commit(upto)?;
+        }
+        self.truncate_durable(upto)
+    }
+
+    /// [`Log::truncate`] of records already durable.
+    fn truncate_durable(&self, upto: Lsn) -> Result<(), LogError> {
         let sh = &self.shared;
         if upto == 0 {
             return Ok(());
         }
-        self.commit(upto)?;
         let mut hs = sh.header.lock();
         let target = upto + 1;
         let (v, pos_lsn) = {
@@ -163,7 +215,7 @@ impl Log {
             if let Some(p) = &st.poison {
                 return Err(p.error());
             }
-            assert!(upto <= st.durable_lsn, "committed, so durable");
+            assert!(upto <= st.durable_lsn, "durable before truncated");
             if target <= st.ring.head_lsn() {
                 return Ok(());
             }
@@ -188,4 +240,14 @@ impl Log {
         sh.space_cv.notify_all();
         Ok(())
     }
+}
+
+/// Waits on "log: space wait". Records pending then go to the writer
+/// first: whoever waits for space will not commit them meanwhile, and a
+/// truncation may be waiting for them to be durable.
+fn wait_space<'a>(sh: &'a Shared, mut st: MutexGuard<'a, State>) -> MutexGuard<'a, State> {
+    if !st.pending.is_empty() && st.call_writer() {
+        sh.work_cv.notify_one(); // it takes the state lock only after this wait releases it
+    }
+    sh.space_cv.wait(st)
 }

@@ -37,6 +37,17 @@ pub struct LogConfig {
     /// `true` recovers up to the bad record, drops the rest and reports
     /// [`Tail::Corrupt`](super::Tail::Corrupt). Default: false.
     pub allow_corrupt_truncate: bool,
+    /// Who writes a batch a foreground task waits for: `true`, that task,
+    /// in its own thread, when no batch is in flight (leader group commit,
+    /// as PostgreSQL's backends flush the WAL themselves): its records and
+    /// every record pending before them go in one write and one flush,
+    /// with no hand-off to the log writer and back, and a record a
+    /// foreground task appends does not wake the writer (its commit will
+    /// write it; without one, the next batch anyone else causes, or
+    /// closing, does). `false`: the log writer writes every batch. Either
+    /// way a foreground commit waiting for a batch the writer has in
+    /// flight makes it inherit. Default: true.
+    pub committer_writes: bool,
 }
 
 /// The smallest region: a header block and 15 ring blocks.
@@ -51,6 +62,7 @@ impl Default for LogConfig {
             record_bytes_max: 256 << 10,
             pending_bytes_max: 4 << 20,
             allow_corrupt_truncate: false,
+            committer_writes: true,
         }
     }
 }

@@ -12,7 +12,8 @@
 //!
 //! ```text
 //!  append(payload) ──lock "log: state"──> pending: [r7 r8 r9]   (next_lsn++)
-//!        │                                   │ wake the writer if idle
+//!        │                                   │ wake the writer if idle (a background
+//!        │                                   │ appender, or committer_writes off)
 //!        │                                   v
 //!  commit(lsn) ──wait "log: commit wait"──   log writer ("critio-log-writer", one thread)
 //!        ^     until durable_lsn >= lsn      1. take every pending record (<= batch_bytes_max)
@@ -21,6 +22,14 @@
 //!        │      3. and 4. are critical)       4. BlockLayer::flush()        in the writer's class
 //!        └── notify that batch's queue ─────── 5. durable_lsn = last; or poison on failure
 //! ```
+//!
+//! A foreground committer with `log.committer_writes` (the default) does
+//! steps 1 to 5 itself, in its own thread, when no batch is in flight, and
+//! its appends do not wake the writer: a server's round of appends and its
+//! one commit cost one write and one flush, with no wake-up of the writer
+//! and back on the request's path (PostgreSQL's backends flush the WAL
+//! themselves the same way). If a batch is in flight, it waits for that
+//! one (the writer inheriting, if it is the writer's), then writes its own.
 //!
 //! Records appended while a batch is in flight form the next batch, so one
 //! write and one flush acknowledge every commit that arrived meanwhile.
@@ -152,6 +161,9 @@ const _: () = assert!(BATCH_BYTES_LIMIT % LOG_BLOCK_MIN == 0);
 pub struct LogStats {
     /// Batches written and flushed.
     pub batches: u64,
+    /// Of those, batches their foreground committer wrote itself
+    /// (`log.committer_writes`); the log writer wrote the rest.
+    pub committer_batches: u64,
     /// Records made durable.
     pub records: u64,
     /// Bytes written by batches (whole blocks, padding included).

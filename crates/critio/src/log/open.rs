@@ -73,6 +73,7 @@ impl Log {
             record_max: cfg.record_bytes_max,
             batch_max: cfg.batch_bytes_max,
             pending_max: cfg.pending_bytes_max,
+            committer_writes: cfg.committer_writes,
         };
         let state = State {
             next_lsn: recovery.next_lsn,
@@ -87,6 +88,7 @@ impl Log {
             refused: None,
             writer_done: false,
             writer_idle: false,
+            writer_needed: false,
             critical_lsn: 0,
             stats: LogStats::default(),
         };

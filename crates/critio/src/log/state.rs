@@ -25,6 +25,9 @@ pub(crate) struct Limits {
     pub(crate) batch_max: u64,
     /// The most encoded bytes waiting for the writer.
     pub(crate) pending_max: u64,
+    /// A foreground committer writes its batch itself
+    /// (`log.committer_writes`).
+    pub(crate) committer_writes: bool,
 }
 
 /// Why the log stopped accepting records.
@@ -71,6 +74,12 @@ pub(crate) struct State {
     pub(crate) writer_done: bool,
     /// The writer waits for work (appenders wake it).
     pub(crate) writer_idle: bool,
+    /// Some pending record waits for the writer: one appended by a task
+    /// that will not write it itself (not foreground, or
+    /// `committer_writes` off), or one whose commit could not (the ring
+    /// full). Records only foreground tasks appended are left to their
+    /// commits: the writer does not take them while this is false.
+    pub(crate) writer_needed: bool,
     /// The last record a critical task appended (0: none yet). A batch
     /// from `first` on is written critical if this is at least `first`:
     /// that task is about to wait for it, or for a later record that
@@ -101,6 +110,13 @@ impl State {
     pub(crate) fn room_for(&self, len: u64, limits: &Limits) -> bool {
         let pending = self.pending_bytes + len;
         pending <= limits.pending_max && self.ring.used() + pending <= self.ring.capacity()
+    }
+
+    /// Marks the pending records as waiting for the writer; true if the
+    /// writer is idle and must be woken (after the lock is released).
+    pub(crate) fn call_writer(&mut self) -> bool {
+        self.writer_needed = true;
+        std::mem::take(&mut self.writer_idle)
     }
 
     /// Counts and LSN order agree.

@@ -1,9 +1,12 @@
 //! The log writer: one thread that turns pending records into durable
-//! batches (group commit).
+//! batches (group commit), and the batch-taking, writing and
+//! acknowledging that a foreground committer also does itself when
+//! `log.committer_writes` is on ([`Log::commit`](super::Log::commit)).
 //!
 //! ```text
 //!  loop:
-//!    lock state ── nothing pending ──> wait "log: writer idle" (exit if closing)
+//!    lock state ── nothing pending that waits for the writer, ──> wait "log: writer idle"
+//!        │         or a committer's batch in flight                (exit if closing)
 //!        │ take records from the front, up to batch_bytes_max
 //!        │ place the batch in the ring ── no room ──> wait "log: space wait"
 //!        │                                            (give up if closing)
@@ -21,19 +24,28 @@
 //!
 //! A batch holding a record a critical task appended is written critical
 //! from the start, without waiting for that task to reach its commit
-//! wait: the writer usually takes the batch first, and its write would
-//! then enter the block layer as background, behind the background queue
-//! and on the shared ring, until the commit wait promotes it.
+//! wait: when the writer takes such a batch first (a background record
+//! woke it, or `committer_writes` is off), its write would otherwise enter
+//! the block layer as background, behind the background queue and on the
+//! shared ring, until the commit wait promotes it.
+//!
+//! With `committer_writes` the writer takes only what waits for it
+//! (`State::writer_needed`): records a foreground task appended are left
+//! to that task's commit, which takes them as a batch of its own with
+//! every record before them, so one round of a server's appends costs one
+//! write and one flush, done by the thread that waits for them, with no
+//! wake-up of the writer and back on the request's path. Only one batch is
+//! in flight at a time, whoever wrote it: batches complete in LSN order.
 
 use std::sync::Arc;
 
-use super::state::{Poison, Shared};
+use super::state::{Poison, Shared, State};
 use super::Lsn;
 use crate::block::BlockError;
 use crate::device::AlignedBuf;
 
 /// A batch taken from the pending records and placed in the ring.
-struct Batch {
+pub(crate) struct Batch {
     /// Its number (which commit queue waits for it).
     seq: u64,
     /// A critical task appended one of its records, or a later one.
@@ -45,6 +57,15 @@ struct Batch {
     padded: u64,
 }
 
+/// Who wrote a batch.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum By {
+    /// The log writer thread.
+    Writer,
+    /// A foreground committer, in its own thread (`log.committer_writes`).
+    Committer,
+}
+
 /// The writer thread's body.
 pub(crate) fn run(sh: Arc<Shared>) {
     let _exit = Exit(&sh);
@@ -52,7 +73,7 @@ pub(crate) fn run(sh: Arc<Shared>) {
         let critical = batch.critical.then(crate::context::foreground);
         let result = write_batch(&sh, &batch);
         drop(critical);
-        finish(&sh, &batch, result);
+        finish(&sh, &batch, result, By::Writer);
     }
 }
 
@@ -73,57 +94,73 @@ impl Drop for Exit<'_> {
     }
 }
 
-/// Waits for records and room, then takes a batch. `None` when the writer
-/// should exit: closing with nothing (writable) pending, or poisoned.
+/// Waits for records the writer should take, and room, then takes a batch.
+/// `None` when the writer should exit: closing with nothing (writable)
+/// pending and no committer's batch in flight, or poisoned.
 fn next_batch(sh: &Shared) -> Option<Batch> {
-    let block = sh.geo.block;
     let mut st = sh.state.lock();
     loop {
         if st.poison.is_some() {
             return None;
         }
-        if st.pending.is_empty() {
-            if st.closing {
+        let mine = !st.pending.is_empty() && (st.writer_needed || st.closing);
+        if !mine || st.inflight.is_some() {
+            // Nothing for the writer, or a committer's batch is in flight
+            // (its finish wakes the writer if records wait for it).
+            if st.closing && st.pending.is_empty() && st.inflight.is_none() {
                 return None;
             }
             st.writer_idle = true;
             st = sh.work_cv.wait(st);
             continue;
         }
-        let (count, bytes) = batch_extent(
-            st.pending.iter().map(|r| r.len() as u64),
-            sh.limits.batch_max,
-        );
-        let padded = bytes.div_ceil(block) * block;
-        let Some(start_v) = st.ring.place(padded) else {
-            if st.closing {
-                return None; // the ring is full and nobody will truncate now
-            }
-            st = sh.space_cv.wait(st);
-            continue;
-        };
-        let first = st.placed_next();
-        let records: Vec<Vec<u8>> = st.pending.drain(..count).collect();
-        st.pending_bytes -= bytes;
-        st.ring.push(first, start_v, padded);
-        let last = first + count as u64 - 1;
-        let critical = st.critical_lsn >= first;
-        st.inflight = Some((first, last));
-        let seq = st.batches_taken;
-        st.batches_taken += 1;
-        st.check_invariants();
-        drop(st);
-        sh.space_cv.notify_all(); // pending room freed
-        return Some(Batch {
-            seq,
-            critical,
-            first,
-            last,
-            start_v,
-            records,
-            padded,
-        });
+        if let Some(batch) = take_batch(sh, &mut st) {
+            drop(st);
+            sh.space_cv.notify_all(); // pending room freed
+            return Some(batch);
+        }
+        if st.closing {
+            return None; // the ring is full and nobody will truncate now
+        }
+        st = sh.space_cv.wait(st);
     }
+}
+
+/// Under the state lock, with records pending and no batch in flight:
+/// takes the records from the front (up to `batch_bytes_max`) as the next
+/// batch and places it in the ring. `None` if the ring has no room for it
+/// (only [`Log::truncate`](super::Log::truncate) makes room).
+pub(crate) fn take_batch(sh: &Shared, st: &mut State) -> Option<Batch> {
+    debug_assert!(!st.pending.is_empty() && st.inflight.is_none());
+    let block = sh.geo.block;
+    let (count, bytes) = batch_extent(
+        st.pending.iter().map(|r| r.len() as u64),
+        sh.limits.batch_max,
+    );
+    let padded = bytes.div_ceil(block) * block;
+    let start_v = st.ring.place(padded)?;
+    let first = st.placed_next();
+    let records: Vec<Vec<u8>> = st.pending.drain(..count).collect();
+    st.pending_bytes -= bytes;
+    if st.pending.is_empty() {
+        st.writer_needed = false;
+    }
+    st.ring.push(first, start_v, padded);
+    let last = first + count as u64 - 1;
+    let critical = st.critical_lsn >= first;
+    st.inflight = Some((first, last));
+    let seq = st.batches_taken;
+    st.batches_taken += 1;
+    st.check_invariants();
+    Some(Batch {
+        seq,
+        critical,
+        first,
+        last,
+        start_v,
+        records,
+        padded,
+    })
 }
 
 /// How many records from the front form a batch of at most `max` bytes
@@ -144,7 +181,7 @@ fn batch_extent(sizes: impl Iterator<Item = u64>, max: u64) -> (usize, u64) {
 
 /// Writes and flushes a batch, in the writer's current class. On failure,
 /// says which operation failed.
-fn write_batch(sh: &Shared, b: &Batch) -> Result<(), Poison> {
+pub(crate) fn write_batch(sh: &Shared, b: &Batch) -> Result<(), Poison> {
     let mut buf = AlignedBuf::zeroed(b.padded as usize);
     let mut at = 0;
     for r in &b.records {
@@ -166,8 +203,9 @@ fn write_batch(sh: &Shared, b: &Batch) -> Result<(), Poison> {
         .map_err(|e| fail("flush after the write", e))
 }
 
-/// Acknowledges the batch, or poisons the log; wakes the committers.
-fn finish(sh: &Shared, b: &Batch, result: Result<(), Poison>) {
+/// Acknowledges the batch, or poisons the log; wakes the committers, and
+/// after a committer's batch, the writer if records wait for it.
+pub(crate) fn finish(sh: &Shared, b: &Batch, result: Result<(), Poison>, by: By) {
     match result {
         Ok(()) => {
             let mut st = sh.state.lock();
@@ -181,15 +219,26 @@ fn finish(sh: &Shared, b: &Batch, result: Result<(), Poison>) {
                 st.stats.batches += 1;
                 st.stats.records += b.last - b.first + 1;
                 st.stats.bytes_written += b.padded;
+                if by == By::Committer {
+                    st.stats.committer_batches += 1;
+                }
             }
             st.check_invariants();
+            // The writer may be waiting for this batch: to take records
+            // that wait for it, or to exit once closing.
+            let wake_writer = by == By::Committer
+                && (st.closing || (st.writer_needed && !st.pending.is_empty()))
+                && std::mem::take(&mut st.writer_idle);
             drop(st);
+            if wake_writer {
+                sh.work_cv.notify_one();
+            }
             // Only this batch's committers: see `Shared::commit_queue`.
             sh.commit_queue(b.seq).notify_all();
         }
         Err(poison) => {
             sh.state.lock().inflight = None;
-            sh.poison(poison);
+            sh.poison(poison); // wakes the writer too
         }
     }
 }
