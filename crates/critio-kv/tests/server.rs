@@ -278,6 +278,20 @@ fn info_and_config_get() {
     }
     let only: String = ok(&mut c, &["INFO", "keyspace"]);
     assert_eq!(only, "# Keyspace\r\ndb0:keys=1\r\n");
+    // The worker, a foreground thread, writes its rounds' log batches
+    // itself (log.committer_writes); a checkpoint's record, appended in
+    // the background, may have the log writer take one now and then.
+    for i in 0..10 {
+        ok::<()>(&mut c, &["SET", &format!("k{i}"), "v"]);
+    }
+    let critio: String = ok(&mut c, &["INFO", "critio"]);
+    let by_committer: u64 = critio
+        .lines()
+        .find_map(|l| l.strip_prefix("log_committer_batches:"))
+        .unwrap_or_else(|| panic!("INFO lacks log_committer_batches:\n{critio}"))
+        .parse()
+        .unwrap();
+    assert!(by_committer >= 1, "{critio}");
     // Where the workers' rounds went: one client waiting for each reply
     // gives one round per command. CONFIG RESETSTAT's own round is
     // counted after the reset, and INFO runs in the next round; the idle

@@ -417,6 +417,7 @@ fn log(s: &Shared, out: &mut String) {
     let engine = &s.backend.engine;
     let l = engine.log().stats();
     kv(out, "log_batches", l.batches);
+    kv(out, "log_committer_batches", l.committer_batches);
     kv(out, "log_records", l.records);
     kv(out, "log_bytes_written", l.bytes_written);
     kv(out, "log_truncations", l.truncations);

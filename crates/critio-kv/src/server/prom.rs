@@ -29,7 +29,7 @@
 //! | `cache_hits_total`, `cache_misses_total`, `cache_throttled_total`, `cache_reclaims_total`, `cache_read_through_pages_total`, `cache_writeback_pages_total`, `cache_writeback_errors_total` | counter | |
 //! | `cache_capacity_bytes`, `cache_frames`                  | gauge     |                   |
 //! | `cache_dirty_pages`                                     | gauge     | `class`           |
-//! | `log_batches_total`, `log_records_total`, `log_written_bytes_total`, `log_truncations_total` | counter | |
+//! | `log_batches_total`, `log_committer_batches_total`, `log_records_total`, `log_written_bytes_total`, `log_truncations_total` | counter | |
 //! | `log_used_bytes`, `log_capacity_bytes`, `log_poisoned`, `vlog_live_bytes`, `vlog_used_bytes`, `vlog_capacity_bytes` | gauge | |
 //! | `kv_checkpoints_total`, `kv_checkpoint_errors_total`, `kv_checkpoint_seconds_total`, `kv_snapshots_total`, `kv_rewrites_total`, `kv_cleaned_bytes_total` | counter | |
 //! | `background_cpu_floor_raises_total` (counter), `background_cpu_relieved_threads` (gauge): the CPU floor | counter, gauge | |
@@ -480,6 +480,13 @@ fn log(out: &mut Out, b: &Backend) -> fmt::Result {
         "Log batches written and flushed.",
         None,
         l.batches,
+    )?;
+    out.counter(
+        "log_committer_batches",
+        "Log batches their foreground committer wrote itself (log.committer_writes); \
+         the log writer wrote the rest.",
+        None,
+        l.committer_batches,
     )?;
     out.counter("log_records", "Log records made durable.", None, l.records)?;
     out.counter(
