@@ -121,6 +121,11 @@ fn setup(spec: &DeviceSpec, run: Run) -> Result<Setup, String> {
     let log_cfg = LogConfig {
         region_offset_bytes: 0,
         region_bytes: LOG_BYTES,
+        // Paper 000's journaling daemon: every commit goes through the log
+        // writer, the dependency this experiment is about (by default a
+        // foreground commit writes its own batch, with no writer to wait
+        // for).
+        committer_writes: false,
         ..LogConfig::default()
     };
     let (log, _) = Log::open(block, &log_cfg, &sync).map_err(|e| e.to_string())?;

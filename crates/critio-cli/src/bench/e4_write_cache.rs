@@ -159,6 +159,11 @@ fn stack_config(
     // slots for critical ones. (A cap of 1 holds every bypassed checkpoint
     // write behind the previous one's grouped HDD flush.)
     critio.block.noncritical_cap = NoncriticalCap::Fixed(32);
+    // Paper 002's applications commit through a log-writer thread (the
+    // dependency PI and IOI follow and CP misses); critio's default has the
+    // requests write their own batches, which would leave nothing to tell
+    // the policies apart by here.
+    critio.log.committer_writes = false;
     let cache_device: DeviceSpec = w
         .write_cache
         .device
