@@ -1051,6 +1051,17 @@ fn a_foreground_commit_makes_the_busy_log_writer_critical() {
     );
 }
 
+/// Appends `payload` from a foreground thread that does not commit it.
+fn append_in_foreground(log: &Arc<Log>, payload: &'static [u8]) -> Lsn {
+    let log = log.clone();
+    std::thread::spawn(move || {
+        context::set_foreground();
+        log.append(payload).unwrap()
+    })
+    .join()
+    .unwrap()
+}
+
 /// `committer_writes` (the default): a foreground task's records wait for
 /// its commit, which writes them, and every record before them, as one
 /// batch in its own thread: critical, with no hand-off to the log writer
@@ -1124,15 +1135,7 @@ fn a_foreground_record_another_task_commits_is_written_by_the_writer() {
             ..small_cfg()
         };
         let log = Arc::new(open(&dev, &cfg).0);
-        let lsn = {
-            let log = log.clone();
-            std::thread::spawn(move || {
-                context::set_foreground();
-                log.append(b"foreground, not committed").unwrap()
-            })
-            .join()
-            .unwrap()
-        };
+        let lsn = append_in_foreground(&log, b"foreground, not committed");
         let (tx, rx) = mpsc::channel();
         {
             let log = log.clone();
@@ -1175,15 +1178,7 @@ fn a_background_commit_of_a_foreground_record_behind_a_batch_in_flight_completes
         std::thread::spawn(move || log.append_commit(b"background").unwrap())
     };
     gate.wait_arrivals(n0 + 1); // its write is held
-    let lsn = {
-        let log = log.clone();
-        std::thread::spawn(move || {
-            context::set_foreground();
-            log.append(b"foreground, not committed").unwrap()
-        })
-        .join()
-        .unwrap()
-    };
+    let lsn = append_in_foreground(&log, b"foreground, not committed");
     let (tx, rx) = mpsc::channel();
     let committer = {
         let log = log.clone();

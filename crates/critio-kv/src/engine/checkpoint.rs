@@ -641,7 +641,7 @@ mod tests {
         let held = e.inner.ckpt.lock();
         let (tx, rx) = mpsc::channel();
         let (done_tx, done) = mpsc::channel();
-        {
+        let writer = {
             let e = e.clone();
             std::thread::spawn(move || {
                 tx.send(critio::context::current()).unwrap();
@@ -653,8 +653,8 @@ mod tests {
                     }
                 };
                 done_tx.send((acked, err)).unwrap();
-            });
-        }
+            })
+        };
         let task = rx.recv().unwrap();
         wait_until("the writer waits for room", || {
             matches!(task.blocking_status(), Some(BlockingStatus::Condvar { name })
@@ -683,6 +683,8 @@ mod tests {
             "{stats:?}"
         );
         assert_failed(&e.close().unwrap_err(), "kv-checkpointer");
+        // Its clone of the engine goes with the thread, after it reported.
+        writer.join().unwrap();
         drop(Arc::into_inner(e).unwrap());
         let e = open(&dev);
         for i in 0..acked {
