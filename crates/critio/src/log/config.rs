@@ -43,8 +43,9 @@ pub struct LogConfig {
     /// every record pending before them go in one write and one flush,
     /// with no hand-off to the log writer and back, and a record a
     /// foreground task appends does not wake the writer (its commit will
-    /// write it; without one, the next batch anyone else causes, or
-    /// closing, does). `false`: the log writer writes every batch. Either
+    /// write it; without one, the next batch anyone else causes, a wait
+    /// for log space, or closing, does). `false`: the log writer writes
+    /// every batch. Either
     /// way a foreground commit waiting for a batch the writer has in
     /// flight makes it inherit. Default: true.
     pub committer_writes: bool,
