@@ -691,6 +691,13 @@ fn crash_workload(
         .map(|t| {
             let (log, history) = (log.clone(), history.clone());
             std::thread::spawn(move || {
+                // One foreground appender, whose commits write their own
+                // batches (`committer_writes`), one background, whose
+                // records the log writer writes: batches of both, and
+                // mixed ones, are cut.
+                if t == 0 {
+                    context::set_foreground();
+                }
                 let mut rng = SmallRng::seed_from_u64(seed ^ ((t + 1) * 0x9E37));
                 'run: loop {
                     let mut last = 0;
@@ -1087,12 +1094,17 @@ fn a_foreground_commit_writes_its_batch_in_its_own_thread() {
     };
     let fg = rx.recv().unwrap();
     assert_eq!(log.next_lsn(), 4);
+    // (It may still be on its way to sleep after the open.)
+    wait_blocked(
+        &writer,
+        BlockingStatus::Condvar {
+            name: WRITER_IDLE_POINT,
+        },
+    );
     assert_eq!(
-        writer.blocking_status(),
-        Some(BlockingStatus::Condvar {
-            name: WRITER_IDLE_POINT
-        }),
-        "foreground appends leave the writer asleep"
+        gate.arrivals().len(),
+        n0,
+        "nothing written before the commit"
     );
     go_tx.send(()).unwrap();
     wait_until("the committer blocks in its own batch write", || {

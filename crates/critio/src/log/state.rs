@@ -222,8 +222,17 @@ impl Shared {
 
     /// Poisons the log (the first cause wins) and wakes every waiter.
     pub(crate) fn poison(&self, poison: Poison) {
+        self.poison_and(poison, |_| {});
+    }
+
+    /// [`Shared::poison`], doing `also` to the state in the same critical
+    /// section (a failed batch leaves the in-flight slot there: no one may
+    /// see it free and the log not yet poisoned, and take a batch past the
+    /// failed one).
+    pub(crate) fn poison_and(&self, poison: Poison, also: impl FnOnce(&mut State)) {
         {
             let mut st = self.state.lock();
+            also(&mut st);
             if st.poison.is_none() {
                 st.poison = Some(poison);
             }

@@ -237,8 +237,8 @@ pub(crate) fn finish(sh: &Shared, b: &Batch, result: Result<(), Poison>, by: By)
             sh.commit_queue(b.seq).notify_all();
         }
         Err(poison) => {
-            sh.state.lock().inflight = None;
-            sh.poison(poison); // wakes the writer too
+            // Wakes the writer too.
+            sh.poison_and(poison, |st| st.inflight = None);
         }
     }
 }
