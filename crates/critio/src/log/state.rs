@@ -76,9 +76,9 @@ pub(crate) struct State {
     pub(crate) writer_idle: bool,
     /// Some pending record waits for the writer: one appended by a task
     /// that will not write it itself (not foreground, or
-    /// `committer_writes` off), one a task that does not write commits,
-    /// one whose committer could not (the ring full), or any, once someone
-    /// waits for log space. Records only foreground tasks appended are
+    /// `committer_writes` off), one committed by a task that does not
+    /// write batches itself, one whose committer could not (the ring
+    /// full), or any, once someone waits for log space. Records only foreground tasks appended are
     /// left to their commits: the writer does not take them while this is
     /// false.
     pub(crate) writer_needed: bool,
