@@ -191,9 +191,6 @@ impl Log {
     /// # Panics
     /// If `upto` was never appended.
     pub fn truncate(&self, upto: Lsn) -> Result<(), LogError> {
-        if upto == 0 {
-            return Ok(());
-        }
         let durable = self.shared.state.lock().durable_lsn;
         if durable < upto {
             self.truncate_durable(durable)?;
@@ -202,7 +199,7 @@ impl Log {
         self.truncate_durable(upto)
     }
 
-    /// [`Log::truncate`] of records already durable.
+    /// [`Log::truncate`] of records already durable (a no-op for 0).
     fn truncate_durable(&self, upto: Lsn) -> Result<(), LogError> {
         let sh = &self.shared;
         if upto == 0 {

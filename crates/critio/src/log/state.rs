@@ -78,9 +78,9 @@ pub(crate) struct State {
     /// that will not write it itself (not foreground, or
     /// `committer_writes` off), one committed by a task that does not
     /// write batches itself, one whose committer could not (the ring
-    /// full), or any, once someone waits for log space. Records only foreground tasks appended are
-    /// left to their commits: the writer does not take them while this is
-    /// false.
+    /// full), or any, once someone waits for log space. Records only
+    /// foreground tasks appended are left to their commits: the writer
+    /// does not take them while this is false.
     pub(crate) writer_needed: bool,
     /// The last record a critical task appended (0: none yet). A batch
     /// from `first` on is written critical if this is at least `first`:
