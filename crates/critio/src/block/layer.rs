@@ -29,7 +29,11 @@
 //! completion: the device time needs both), takes the core lock once to
 //! submit and dispatch, once to complete, and once more to end the
 //! dispatcher's turn unless the turn was its own request alone, done in its
-//! thread (the turn then ends under the submission's lock). It allocates
+//! thread (the turn then ends under the submission's lock). A request done
+//! in its submitter's thread that the core would dispatch at once anyway
+//! (nothing queued, a slot and room at the device) takes no turn and no
+//! entry in the core's table ([`Scheduler::submit_direct`]): the common
+//! case of a foreground read on an idle device. It allocates
 //! the request's shared state (what waiters wait on) only if someone other
 //! than its submitter may complete it, and the device's completion closure
 //! only for a request sent through [`Device::submit`]; a one-request batch
@@ -45,7 +49,7 @@ use std::time::Duration;
 use parking_lot::{Condvar, Mutex};
 
 use super::request::{IoHandle, IoState};
-use super::sched::{Promotion, ReqInfo, Scheduler};
+use super::sched::{Direct, Promotion, ReqInfo, Scheduler};
 use super::stats::StatsAcc;
 use super::{BlockConfig, BlockStats, ClassBuckets, ReqId, IO_LEN_MAX};
 use crate::class::Class;
@@ -143,6 +147,14 @@ impl Batch {
     fn drain(&mut self) -> impl Iterator<Item = (ReqId, Command)> + '_ {
         self.first.take().into_iter().chain(self.rest.drain(..))
     }
+}
+
+/// A request that left the device: one with a place in the core's table,
+/// or one sent without ([`Scheduler::submit_direct`]), with the state its
+/// waiters wait on if it got one.
+enum Sent {
+    Tracked(ReqId),
+    Direct(Direct, Option<Arc<IoState>>),
 }
 
 /// How a submission left its submitter.
@@ -423,16 +435,26 @@ impl Inner {
                 Op::Flush => self.device.flushes_here(),
                 Op::Read | Op::Write => self.device.submits_here(),
             };
+        let mine_here = here && self.goes_here(&cmd);
         // One that cannot be gets its state now, outside the core lock.
-        let payload = Payload {
-            state: (handle || !(here && self.goes_here(&cmd))).then(new_state),
-            cmd: Some(cmd),
-            admission_waiter: None,
-        };
+        let state = (handle || !mine_here).then(new_state);
         let now = self.clock.now();
         let mut batch = Batch::default();
         let (admitted, alone, state) = {
             let mut core = self.core.lock();
+            // One done here that the core would dispatch at once goes with
+            // no table entry, no state and no dispatcher's turn.
+            if mine_here && !handle {
+                if let Some(d) = core.sched.submit_direct(&info, now) {
+                    drop(core);
+                    return Ok(self.do_direct(d, id, point, cmd));
+                }
+            }
+            let payload = Payload {
+                state,
+                cmd: Some(cmd),
+                admission_waiter: None,
+            };
             let admitted = core.sched.submit(id, info, payload, now);
             let mut mine = false;
             if admitted {
@@ -485,19 +507,8 @@ impl Inner {
     /// A device that hands it back gets it as usual; the request then gets
     /// its state (if it had none) before it goes.
     fn do_here(self: &Arc<Self>, id: ReqId, point: &'static str, cmd: Command) -> Started {
-        let done = if cmd.op == Op::Flush {
-            match self.device.flush_here() {
-                Some(result) => Ok(Completion {
-                    result,
-                    buf: cmd.buf,
-                }),
-                None => Err(cmd),
-            }
-        } else {
-            self.device.submit_here(cmd)
-        };
-        match done {
-            Ok(c) => self.on_complete(id, c),
+        match self.try_here(cmd) {
+            Ok(c) => self.on_complete(Sent::Tracked(id), c),
             Err(cmd) => {
                 let state = {
                     let mut core = self.core.lock();
@@ -509,6 +520,48 @@ impl Inner {
                 self.send(id, cmd);
                 Started::Pending(state)
             }
+        }
+    }
+
+    /// [`Inner::do_here`] for a request sent by
+    /// [`Scheduler::submit_direct`]: one the device hands back gets a
+    /// state, which its completion finishes.
+    fn do_direct(
+        self: &Arc<Self>,
+        d: Direct,
+        id: ReqId,
+        point: &'static str,
+        cmd: Command,
+    ) -> Started {
+        match self.try_here(cmd) {
+            Ok(c) => self.on_complete(Sent::Direct(d, None), c),
+            Err(cmd) => {
+                let state = IoState::new(id, point, Arc::downgrade(self));
+                let (inner, waited) = (self.clone(), state.clone());
+                self.device.submit(
+                    cmd,
+                    Box::new(move |c| {
+                        inner.on_complete(Sent::Direct(d, Some(waited)), c);
+                    }),
+                );
+                Started::Pending(state)
+            }
+        }
+    }
+
+    /// Does `cmd` in the calling thread ([`Device::flush_here`],
+    /// [`Device::submit_here`]), or hands it back if the device cannot.
+    fn try_here(&self, cmd: Command) -> Result<Completion, Command> {
+        if cmd.op == Op::Flush {
+            match self.device.flush_here() {
+                Some(result) => Ok(Completion {
+                    result,
+                    buf: cmd.buf,
+                }),
+                None => Err(cmd),
+            }
+        } else {
+            self.device.submit_here(cmd)
         }
     }
 
@@ -622,20 +675,30 @@ impl Inner {
         self.device.submit(
             cmd,
             Box::new(move |c| {
-                inner.on_complete(id, c);
+                inner.on_complete(Sent::Tracked(id), c);
             }),
         );
     }
 
-    /// Completes request `id`: finishes its state and returns it, or, for
-    /// a request with none (done by its submitter), returns the outcome.
-    fn on_complete(self: &Arc<Self>, id: ReqId, c: Completion) -> Started {
+    /// Completes a request: finishes its state and returns it, or, for a
+    /// request with none (done by its submitter), returns the outcome.
+    fn on_complete(self: &Arc<Self>, sent: Sent, c: Completion) -> Started {
         let now = self.clock.now();
         let bytes = c.buf.len() as u64;
         let mut batch = Batch::default();
         let (done, wake) = {
             let mut core = self.core.lock();
-            let mut done = core.sched.complete(id, now);
+            let mut done = match sent {
+                Sent::Tracked(id) => core.sched.complete(id, now),
+                Sent::Direct(d, state) => {
+                    let payload = Payload {
+                        cmd: None,
+                        state,
+                        admission_waiter: None,
+                    };
+                    core.sched.complete_direct(d, payload, now)
+                }
+            };
             core.stats.record(&done, bytes);
             let wake: Vec<TaskRef> = if done.admitted.is_empty() {
                 Vec::new()

@@ -11,6 +11,9 @@
 //!  promote(id): AwaitingAdmission -> waits in the critical pool (admitted now if a slot is free)
 //!               Queued            -> moves to the critical queue
 //!               AtDevice          -> counted (the write cache may reissue it)
+//!
+//!  submit_direct: nothing queued, slot and device room free -> AtDevice
+//!                 at once, with no table entry (critical lane only)
 //! ```
 //!
 //! What each class gets:
@@ -183,9 +186,9 @@ pub struct ReqInfo {
 /// background data written before it (see `cap.rs`); a read leaves nothing
 /// behind, and the cap on requests at the device already bounds what it
 /// costs while it runs.
-fn paced_bytes(info: &ReqInfo) -> u64 {
-    if info.op == Op::Write {
-        info.len
+fn paced_bytes(op: Op, len: u64) -> u64 {
+    if op == Op::Write {
+        len
     } else {
         0
     }
@@ -248,6 +251,20 @@ pub struct Completed<P = ()> {
     pub admitted: Vec<ReqId>,
 }
 
+/// A critical request sent to the device at its submission without a
+/// place in the core's table ([`Scheduler::submit_direct`]): what its
+/// completion ([`Scheduler::complete_direct`]) needs. Nothing can promote
+/// or look up such a request (it is critical, and no one waits for it but
+/// its submitter), so it costs no table entry.
+#[derive(Clone, Copy, Debug)]
+pub struct Direct {
+    op: Op,
+    len: u64,
+    dispatched: Nanos,
+    nc_at_dispatch: u32,
+    nc_seq: u64,
+}
+
 /// Counters the core keeps.
 #[derive(Clone, Copy, Debug, Default, Serialize)]
 pub struct SchedCounters {
@@ -306,6 +323,10 @@ impl ThinkTime {
 pub struct Scheduler<P = ()> {
     cfg: SchedConfig,
     reqs: IdMap<Entry<P>>,
+    /// Requests at the device that have no entry in `reqs`
+    /// ([`Scheduler::submit_direct`]); all critical, each holding a
+    /// critical slot.
+    direct: u32,
     /// Requests waiting for a slot, per pool (critical, non-critical).
     admission: [VecDeque<ReqId>; 2],
     /// Admitted requests per lane, with the time each was queued (so the
@@ -343,6 +364,7 @@ impl<P> Scheduler<P> {
         Self {
             cfg,
             reqs: IdMap::default(),
+            direct: 0,
             admission: Default::default(),
             queues: Default::default(),
             slots_used: [0; 2],
@@ -460,8 +482,13 @@ impl<P> Scheduler<P> {
         arrived: Nanos,
         now: Nanos,
     ) {
-        self.slots_used[pool] += 1;
         self.queues[lane].push_back((id, now));
+        self.arrive(pool, lane, arrived);
+    }
+
+    /// A request of `lane`, submitted at `arrived`, takes a slot of `pool`.
+    fn arrive(&mut self, pool: usize, lane: usize, arrived: Nanos) {
+        self.slots_used[pool] += 1;
         if self.cfg.classes {
             // Think time ends when the request arrived, not when it got a
             // slot (a wait for admission is not the submitter's thinking).
@@ -470,6 +497,42 @@ impl<P> Scheduler<P> {
                 self.antic = None;
             }
         }
+    }
+
+    /// Sends a request straight to the device if the core would dispatch
+    /// it at once anyway: it goes to the critical lane (it is critical, or
+    /// classes are off), nothing is queued in any lane or waits for a slot
+    /// of its pool, a slot is free, the device has room, and the lane has
+    /// a token left. It then gets the slot, arrival and dispatch accounting
+    /// of [`Scheduler::submit`] and [`Scheduler::dispatch`], but no table
+    /// entry, so it cannot be promoted, located or given a payload: meant
+    /// for a request its submitter does in its own thread and waits for.
+    /// Returns None, having done nothing, otherwise.
+    pub fn submit_direct(&mut self, info: &ReqInfo, now: Nanos) -> Option<Direct> {
+        let class = if self.cfg.classes {
+            info.class
+        } else {
+            Class::Critical
+        };
+        if self.lane_of(class, info.level) != CRIT
+            || !self.admission[CRIT].is_empty()
+            || self.slots_used[CRIT] >= self.pool_size(CRIT)
+            || self.dispatchable()
+            || self.inflight[CRIT] + self.inflight[NONCRIT] >= self.cfg.device_depth
+            || !self.has_tokens(CRIT)
+        {
+            return None;
+        }
+        self.arrive(CRIT, CRIT, now);
+        let (nc_at_dispatch, nc_seq) = self.send_from(CRIT, now);
+        self.direct += 1;
+        Some(Direct {
+            op: info.op,
+            len: info.len,
+            dispatched: now,
+            nc_at_dispatch,
+            nc_seq,
+        })
     }
 
     /// Picks the next request to send to the device, if the limits allow one.
@@ -525,7 +588,10 @@ impl<P> Scheduler<P> {
                 continue;
             };
             if lane != CRIT {
-                let bytes = self.reqs.get(&id).map_or(0, |e| paced_bytes(&e.info));
+                let bytes = self
+                    .reqs
+                    .get(&id)
+                    .map_or(0, |e| paced_bytes(e.info.op, e.info.len));
                 if !nc_room {
                     continue;
                 }
@@ -607,7 +673,11 @@ impl<P> Scheduler<P> {
     /// them (None: none queued).
     fn noncritical_head_bytes(&self) -> Option<u64> {
         let &(id, _) = self.queues[1..].iter().find_map(|q| q.front())?;
-        Some(self.reqs.get(&id).map_or(0, |e| paced_bytes(&e.info)))
+        Some(
+            self.reqs
+                .get(&id)
+                .map_or(0, |e| paced_bytes(e.info.op, e.info.len)),
+        )
     }
 
     /// Non-critical requests sent to the device so far.
@@ -620,18 +690,12 @@ impl<P> Scheduler<P> {
         let (id, _) = self.queues[lane]
             .pop_front()
             .expect("queue checked non-empty");
-        let nc_inflight = self.inflight[NONCRIT];
-        let nc_seq = self.nc_dispatched();
-        let pool = if lane == CRIT { CRIT } else { NONCRIT };
-        self.inflight[pool] += 1;
-        self.lane_inflight[lane] += 1;
-        self.last_dispatch[lane] = now;
-        self.tokens_left[lane] = self.tokens_left[lane].saturating_sub(1);
-        self.counters.lane_dispatches[lane] += 1;
+        let (nc_inflight, nc_seq) = self.send_from(lane, now);
         let e = self.reqs.get_mut(&id).expect("queued request is known");
         if lane != CRIT {
             self.last_nc_dispatch = now;
-            self.cap.on_noncritical_dispatch(paced_bytes(&e.info), now);
+            self.cap
+                .on_noncritical_dispatch(paced_bytes(e.info.op, e.info.len), now);
         }
         debug_assert_eq!(e.loc, Location::Queued);
         debug_assert_eq!(e.lane, lane);
@@ -640,6 +704,36 @@ impl<P> Scheduler<P> {
         e.nc_at_dispatch = nc_inflight;
         e.nc_seq = nc_seq;
         (id, e)
+    }
+
+    /// Counts a dispatch from `lane`. Returns the non-critical requests at
+    /// the device before it, and how many had been sent so far (what its
+    /// completion needs to tell whether background shared the device with
+    /// it).
+    fn send_from(&mut self, lane: usize, now: Nanos) -> (u32, u64) {
+        let before = (self.inflight[NONCRIT], self.nc_dispatched());
+        let pool = if lane == CRIT { CRIT } else { NONCRIT };
+        self.inflight[pool] += 1;
+        self.lane_inflight[lane] += 1;
+        self.last_dispatch[lane] = now;
+        self.tokens_left[lane] = self.tokens_left[lane].saturating_sub(1);
+        self.counters.lane_dispatches[lane] += 1;
+        before
+    }
+
+    /// Records that a request sent by [`Scheduler::submit_direct`]
+    /// completed; `payload` is what [`Completed`] carries back.
+    pub fn complete_direct(&mut self, d: Direct, payload: P, now: Nanos) -> Completed<P> {
+        self.direct -= 1;
+        let (device_time, admitted) = self.retire(CRIT, CRIT, d, now);
+        Completed {
+            payload,
+            class: Class::Critical,
+            admission_wait: 0,
+            queue_wait: 0,
+            device_time,
+            admitted,
+        }
     }
 
     /// Records that a request completed at the device.
@@ -653,35 +747,17 @@ impl<P> Scheduler<P> {
             Location::AtDevice,
             "request {id} completed before dispatch"
         );
-        let lane = e.lane;
-        let pool = if lane == CRIT { CRIT } else { NONCRIT };
-        self.inflight[pool] -= 1;
-        self.lane_inflight[lane] -= 1;
-        self.slots_used[e.slot] -= 1;
         if e.class == Class::NonCritical && self.cfg.classes {
             self.ncio.remove(id, e.info.offset);
         }
-        let device_time = now.saturating_sub(e.dispatched);
-        if lane != CRIT {
-            self.cap.on_noncritical_complete(paced_bytes(&e.info), now);
-        } else if self.cfg.classes {
-            if e.info.op == Op::Write {
-                self.cap.on_critical_written(e.info.len);
-            }
-            // Background sent after it (in the same dispatch turn, say)
-            // shared the device with it too.
-            let nc_alongside = e.nc_at_dispatch + u32::from(self.nc_dispatched() > e.nc_seq);
-            self.cap
-                .on_critical_complete(device_time, nc_alongside, e.dispatched, now);
-        }
-        if self.cfg.classes {
-            self.lane_completed(lane, now);
-        }
-        let mut admitted = Vec::new();
-        if let Some(next) = self.admission[e.slot].pop_front() {
-            self.admit(next, now);
-            admitted.push(next);
-        }
+        let sent = Direct {
+            op: e.info.op,
+            len: e.info.len,
+            dispatched: e.dispatched,
+            nc_at_dispatch: e.nc_at_dispatch,
+            nc_seq: e.nc_seq,
+        };
+        let (device_time, admitted) = self.retire(e.lane, e.slot, sent, now);
         Completed {
             payload: e.payload,
             class: e.class,
@@ -690,6 +766,46 @@ impl<P> Scheduler<P> {
             device_time,
             admitted,
         }
+    }
+
+    /// A request sent from `lane`, holding a slot of pool `slot`, left the
+    /// device: frees both, feeds the cap and the lane's think time, and
+    /// admits the next request waiting for that pool. Returns its device
+    /// time and the request admitted, if any.
+    fn retire(
+        &mut self,
+        lane: usize,
+        slot: usize,
+        sent: Direct,
+        now: Nanos,
+    ) -> (Nanos, Vec<ReqId>) {
+        let pool = if lane == CRIT { CRIT } else { NONCRIT };
+        self.inflight[pool] -= 1;
+        self.lane_inflight[lane] -= 1;
+        self.slots_used[slot] -= 1;
+        let device_time = now.saturating_sub(sent.dispatched);
+        if lane != CRIT {
+            self.cap
+                .on_noncritical_complete(paced_bytes(sent.op, sent.len), now);
+        } else if self.cfg.classes {
+            if sent.op == Op::Write {
+                self.cap.on_critical_written(sent.len);
+            }
+            // Background sent after it (in the same dispatch turn, say)
+            // shared the device with it too.
+            let nc_alongside = sent.nc_at_dispatch + u32::from(self.nc_dispatched() > sent.nc_seq);
+            self.cap
+                .on_critical_complete(device_time, nc_alongside, sent.dispatched, now);
+        }
+        if self.cfg.classes {
+            self.lane_completed(lane, now);
+        }
+        let mut admitted = Vec::new();
+        if let Some(next) = self.admission[slot].pop_front() {
+            self.admit(next, now);
+            admitted.push(next);
+        }
+        (device_time, admitted)
     }
 
     /// A request of `lane` completed: if the lane has nothing more queued
@@ -804,7 +920,7 @@ impl<P> Scheduler<P> {
 
     /// How many requests are outstanding (anywhere).
     pub fn outstanding(&self) -> usize {
-        self.reqs.len()
+        self.reqs.len() + self.direct as usize
     }
 
     /// Outstanding non-critical requests overlapping a byte range.
@@ -869,6 +985,8 @@ impl<P> Scheduler<P> {
         let mut queued = [0usize; LANES];
         let mut at_device = [0u32; LANES];
         let mut slots = [0u32; 2];
+        at_device[CRIT] = self.direct;
+        slots[CRIT] = self.direct;
         for e in self.reqs.values() {
             match e.loc {
                 Location::AwaitingAdmission => waiting[self.pool(e.class)] += 1,

@@ -2,7 +2,9 @@
 //! completions, and checks of what each class received.
 
 use super::cap::NoncriticalCap;
-use super::sched::{LaneTokens, Location, Promotion, ReqInfo, SchedConfig, Scheduler, LANES};
+use super::sched::{
+    Direct, LaneTokens, Location, Promotion, ReqInfo, SchedConfig, Scheduler, LANES,
+};
 use super::ReqId;
 use crate::class::Class::{self, Critical as C, NonCritical as N};
 use crate::device::Op;
@@ -69,6 +71,28 @@ impl Harness {
         let admitted = self.s.submit(id, info, class, self.now);
         self.s.check_invariants();
         (id, admitted)
+    }
+
+    /// Sends a 4 KiB read of `class` straight to the device if the core
+    /// allows it ([`Scheduler::submit_direct`]).
+    fn direct(&mut self, class: Class) -> Option<Direct> {
+        let info = ReqInfo {
+            class,
+            level: 0,
+            op: Op::Read,
+            offset: 0,
+            len: 4096,
+        };
+        let d = self.s.submit_direct(&info, self.now);
+        self.s.check_invariants();
+        d
+    }
+
+    fn complete_direct(&mut self, d: Direct) -> Vec<ReqId> {
+        let done = self.s.complete_direct(d, C, self.now);
+        self.s.check_invariants();
+        assert_eq!((done.admission_wait, done.queue_wait), (0, 0));
+        done.admitted
     }
 
     /// Dispatches everything allowed now; returns the classes, in order.
@@ -784,4 +808,93 @@ fn lane_tokens_parse_from_a_list_and_refuse_too_many() {
         .to_string();
     assert!(e.contains("lanes"), "{e}");
     assert!(!LaneTokens::default().enabled());
+}
+
+/// A request goes straight to the device only when the core would have
+/// dispatched it at once: critical, nothing queued, nobody waiting for a
+/// critical slot, a slot free and room at the device. It holds its slot
+/// and its place at the device like any other until it completes.
+#[test]
+fn a_request_goes_direct_only_when_the_core_would_send_it_at_once() {
+    let mut h = Harness::new(SchedConfig {
+        critical_slots: 2,
+        device_depth: 3,
+        ..cfg()
+    });
+    h.advance(MS);
+    assert!(h.direct(N).is_none(), "non-critical requests are queued");
+    let a = h.direct(C).expect("an idle core sends it");
+    assert_eq!(h.s.inflight(), [1, 0]);
+    assert_eq!(h.s.outstanding(), 1);
+    assert_eq!(h.s.counters().lane_dispatches[0], 1);
+    let b = h.direct(C).expect("a second critical slot");
+    assert!(h.direct(C).is_none(), "the critical slots are taken");
+    let (waiter, admitted) = h.submit(C);
+    assert!(!admitted);
+    assert_eq!(
+        h.complete_direct(a),
+        vec![waiter],
+        "its slot goes to the waiter"
+    );
+    assert!(h.direct(C).is_none(), "the waiter is queued ahead of it");
+    assert_eq!(h.dispatch(), vec![C]);
+    h.complete(waiter);
+    // Background queued (the cap lets one go at a time) comes first.
+    let (n1, _) = h.submit(N);
+    h.dispatch();
+    let (_n2, _) = h.submit(N);
+    assert!(h.direct(C).is_none(), "a background request is queued");
+    h.complete(n1);
+    h.dispatch();
+    assert_eq!(h.s.inflight(), [1, 1]);
+    h.complete_direct(b);
+    assert_eq!(h.s.inflight(), [0, 1]);
+    // A full device takes nothing more, whatever slots are free.
+    let mut h = Harness::new(SchedConfig {
+        device_depth: 2,
+        ..cfg()
+    });
+    let c = h.direct(C).unwrap();
+    let d = h.direct(C).unwrap();
+    assert!(h.direct(C).is_none(), "the device's depth is reached");
+    h.complete_direct(c);
+    h.complete_direct(d);
+    assert_eq!(h.s.outstanding(), 0);
+}
+
+/// With classes off (the none scheme) every request is in the one lane,
+/// so a background one goes direct too.
+#[test]
+fn without_classes_any_request_may_go_direct() {
+    let mut h = Harness::new(SchedConfig {
+        classes: false,
+        ..cfg()
+    });
+    let d = h.direct(N).expect("one lane, idle");
+    h.complete_direct(d);
+    assert_eq!(h.s.outstanding(), 0);
+}
+
+/// A request sent directly is a clean sample for the adaptive cap, as a
+/// queued one is, and background dispatched while it is at the device
+/// makes it a mixed one.
+#[test]
+fn a_direct_request_feeds_the_adaptive_cap() {
+    use super::cap::AutoCapConfig;
+    let mut h = Harness::new(SchedConfig {
+        noncritical_cap: NoncriticalCap::Auto(AutoCapConfig::default()),
+        ..cfg()
+    });
+    let d = h.direct(C).unwrap();
+    h.submit_op(N, Op::Write, 64 << 10);
+    assert_eq!(h.dispatch(), vec![N]);
+    h.advance(5 * MS);
+    h.complete_direct(d);
+    h.complete_oldest();
+    assert_eq!(h.s.cap_view().0, None, "background shared the device");
+    h.advance(100 * MS);
+    let d = h.direct(C).unwrap();
+    h.advance(MS);
+    h.complete_direct(d);
+    assert_eq!(h.s.cap_view().0, Some(MS as f64), "alone: clean");
 }
