@@ -338,6 +338,9 @@ fn save_bgsave_bgrewriteaof_and_their_status() {
             assert!(p.contains("rdb_last_bgsave_status:ok"), "{p}");
             assert!(p.contains("rdb_saves:1"), "{p}");
             assert!(p.contains("aof_rewrites:1"), "{p}");
+            // Redis's progress fields, at rest with no job running.
+            assert!(p.contains("current_fork_perc:0.00\r\n"), "{p}");
+            assert!(p.contains("current_save_keys_processed:0\r\n"), "{p}");
             break;
         }
         assert!(Instant::now() < deadline, "jobs did not finish:\n{p}");

@@ -10,7 +10,7 @@
 //!               when asked; and it cleans first when the value log runs short of space
 //! ```
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -45,6 +45,74 @@ pub(crate) struct Background {
     snapshot: bool,
     rewrite: bool,
     pub(crate) stats: BackgroundStats,
+}
+
+/// How far a running BGSAVE or BGREWRITEAOF has gone, updated as it goes
+/// through the value log (relaxed atomics: INFO reads a recent value, and
+/// the job pays one store per record).
+#[derive(Default)]
+pub(crate) struct JobProgress {
+    /// Bytes of the value log the job goes through, and has gone through.
+    total: AtomicU64,
+    done: AtomicU64,
+    /// Keys written to the dump (BGSAVE) or live records copied
+    /// (BGREWRITEAOF) so far, and the keys there were when it started.
+    keys: AtomicU64,
+    keys_total: AtomicU64,
+}
+
+impl JobProgress {
+    /// A job starts, with `keys` keys in the store.
+    fn start(&self, keys: u64) {
+        for a in [&self.total, &self.done, &self.keys] {
+            a.store(0, Ordering::Relaxed);
+        }
+        self.keys_total.store(keys, Ordering::Relaxed);
+    }
+
+    /// It goes through `bytes` of the value log.
+    pub(crate) fn set_total(&self, bytes: u64) {
+        self.total.store(bytes, Ordering::Relaxed);
+    }
+
+    /// It has gone through `bytes` of them and written or copied `keys`.
+    pub(crate) fn advance(&self, bytes: u64, keys: u64) {
+        self.done.store(bytes, Ordering::Relaxed);
+        self.keys.store(keys, Ordering::Relaxed);
+    }
+
+    fn read(&self) -> Progress {
+        let (done, total) = (
+            self.done.load(Ordering::Relaxed),
+            self.total.load(Ordering::Relaxed),
+        );
+        Progress {
+            fraction: if total == 0 {
+                0.0
+            } else {
+                (done as f64 / total as f64).min(1.0)
+            },
+            keys_processed: self.keys.load(Ordering::Relaxed),
+            keys_total: self.keys_total.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// A running BGSAVE's or BGREWRITEAOF's progress (INFO's
+/// `current_fork_perc` and `current_save_keys_*`, named as Redis names
+/// its child's).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct Progress {
+    /// The share of its part of the value log gone through, 0 to 1 (the
+    /// work is reading it: a BGSAVE reads every record from the start of
+    /// the log to its head as of the BGSAVE, a rewrite every one below the
+    /// head as of the rewrite).
+    pub fraction: f64,
+    /// Keys written to the dump (BGSAVE) or live records copied
+    /// (BGREWRITEAOF) so far.
+    pub keys_processed: u64,
+    /// Keys in the store when the job started.
+    pub keys_total: u64,
 }
 
 /// What one checkpoint did.
@@ -197,6 +265,7 @@ impl Engine {
             ),
             ckpt_cv: Condvar::with_options(opts("kv: checkpoint request")),
             bg: Mutex::with_options(Background::default(), opts("kv: background")),
+            progress: Default::default(),
             closing: AtomicBool::new(false),
             failed: std::sync::OnceLock::new(),
             #[cfg(test)]
@@ -251,6 +320,17 @@ impl Engine {
     pub fn background_running(&self) -> (bool, bool) {
         let bg = self.inner.bg.lock();
         (bg.snapshot, bg.rewrite)
+    }
+
+    /// How far the running BGSAVE and BGREWRITEAOF have gone (None for
+    /// one that is not running).
+    pub fn background_progress(&self) -> (Option<Progress>, Option<Progress>) {
+        let bg = self.inner.bg.lock();
+        let [snapshot, rewrite] = &self.inner.progress;
+        (
+            bg.snapshot.then(|| snapshot.read()),
+            bg.rewrite.then(|| rewrite.read()),
+        )
     }
 
     /// Stops the checkpointer after a final checkpoint. Further writes fail.
@@ -537,6 +617,7 @@ impl Inner {
 
     /// Starts BGSAVE (`snapshot`) or BGREWRITEAOF on a thread of its own.
     fn start_job(self: Arc<Self>, snapshot: bool) -> Result<(), EngineError> {
+        let keys = self.index.keys();
         {
             let mut bg = self.bg.lock();
             let running = if snapshot {
@@ -552,6 +633,7 @@ impl Inner {
                 }));
             }
             *running = true;
+            self.progress[usize::from(!snapshot)].start(keys);
         }
         // A snapshot is of the moment BGSAVE is called, like Redis's fork.
         // Under the epoch lock no append is copying: every record the
@@ -728,5 +810,54 @@ mod tests {
             }
             e.close().unwrap();
         }
+    }
+
+    /// A running BGSAVE or BGREWRITEAOF reports how far it has gone: held
+    /// at a key halfway through the log (a request holding that key's
+    /// stripe), a BGSAVE has written the keys before it and gone through
+    /// about half the log; a rewrite has gone part of the way. Neither
+    /// reports anything once it has ended.
+    #[test]
+    fn a_running_job_reports_how_far_it_has_gone() {
+        use crate::engine::index::Index;
+        let dev = Arc::new(MemDevice::new(32 << 20));
+        let e = open(&dev);
+        for i in 0..50 {
+            e.set(&key(i), &value(i), SetOptions::default()).unwrap();
+        }
+        let held = Index::stripe_of(&key(25));
+        assert!(
+            (0..25).all(|i| Index::stripe_of(&key(i)) != held),
+            "key 25's stripe is its own among the keys before it"
+        );
+        for job in [0, 1] {
+            assert_eq!(e.background_progress(), (None, None));
+            let stripe = e.inner.index.lock(held);
+            match job {
+                0 => e.bgsave().unwrap(),
+                _ => e.bgrewrite().unwrap(),
+            }
+            let at = |e: &crate::engine::Engine| {
+                let (snapshot, rewrite) = e.background_progress();
+                if job == 0 { snapshot } else { rewrite }.expect("running")
+            };
+            if job == 0 {
+                wait_until("the BGSAVE reaches key 25", || at(&e).keys_processed == 25);
+                std::thread::sleep(Duration::from_millis(20));
+                let p = at(&e);
+                assert_eq!((p.keys_processed, p.keys_total), (25, 50));
+                assert!((0.45..0.55).contains(&p.fraction), "{p:?}");
+            } else {
+                wait_until("the rewrite is under way", || at(&e).fraction > 0.0);
+                std::thread::sleep(Duration::from_millis(20));
+                let p = at(&e);
+                assert!(p.fraction < 1.0 && p.keys_processed < 50, "{p:?}");
+                assert_eq!(p.keys_total, 50);
+            }
+            drop(stripe);
+            wait_until("the job ends", || e.background_running() == (false, false));
+            assert_eq!(e.background_progress(), (None, None));
+        }
+        e.close().unwrap();
     }
 }

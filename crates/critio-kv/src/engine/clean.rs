@@ -31,6 +31,7 @@
 
 use critio::context;
 
+use super::checkpoint::JobProgress;
 use super::index::{Index, Loc};
 use super::ops::{now_ms, Held};
 use super::record::{self, Record};
@@ -77,7 +78,7 @@ impl Inner {
             if tail == head {
                 break;
             }
-            self.clean(tail + batch)?;
+            self.clean(tail + batch, None)?;
             self.checkpoint()?;
         }
         Ok(())
@@ -86,7 +87,12 @@ impl Inner {
     /// Cleans from the clean tail through the records that start below
     /// `upto` (at most the head): every live one is copied to the head, in
     /// batches (one value-log append and one pass over the stripes each).
-    pub(crate) fn clean(&self, upto: u64) -> Result<Cleaned, EngineError> {
+    /// `progress` follows it (BGREWRITEAOF's).
+    pub(crate) fn clean(
+        &self,
+        upto: u64,
+        progress: Option<&JobProgress>,
+    ) -> Result<Cleaned, EngineError> {
         let _one = self.cleaner.lock();
         // Under the epoch lock no append is copying: every record below the
         // head is whole.
@@ -96,6 +102,9 @@ impl Inner {
         };
         let mut done = Cleaned::default();
         let mut batch = Batch::default();
+        if let Some(p) = progress {
+            p.set_total(upto.min(head).saturating_sub(from));
+        }
         let reached = self.vlog.scan(from, head, |addr, r, size| {
             if addr >= upto || self.closing.load(std::sync::atomic::Ordering::SeqCst) {
                 return Ok(Flow::Stop);
@@ -107,6 +116,9 @@ impl Inner {
             if batch.full() {
                 self.clean_batch(&mut batch, &mut done)?;
                 self.vlog.cleaned_to(addr + u64::from(size));
+            }
+            if let Some(p) = progress {
+                p.advance(addr + u64::from(size) - from, done.copied);
             }
             Ok(Flow::Continue)
         })?;
@@ -372,7 +384,7 @@ pub(super) mod tests {
             }))
         });
         let head = e.inner.vlog.head();
-        let done = e.inner.clean(head).unwrap();
+        let done = e.inner.clean(head, None).unwrap();
         BEFORE_REPOINT.with(|h| h.borrow_mut().take());
         assert_eq!(done.copied, 40, "only the untouched keys are repointed");
         let check = |e: &Engine| {

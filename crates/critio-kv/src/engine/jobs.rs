@@ -187,17 +187,19 @@ impl Inner {
             crc: 0,
             size: DumpSize::default(),
         };
-        self.vlog.scan(from, to, |addr, r, _| {
-            if !r.is_value() {
-                return Ok(Flow::Continue);
+        let progress = &self.progress[0];
+        progress.set_total(to - from);
+        self.vlog.scan(from, to, |addr, r, size| {
+            if r.is_value() {
+                let then = self
+                    .index
+                    .lock(Index::stripe_of(r.key))
+                    .as_of_snapshot(r.key);
+                if then.is_some_and(|l| l.addr == addr && !l.expired(now)) {
+                    w.entry(r.key, r.kind, r.expire_at_ms, r.value)?;
+                }
             }
-            let then = self
-                .index
-                .lock(Index::stripe_of(r.key))
-                .as_of_snapshot(r.key);
-            if then.is_some_and(|l| l.addr == addr && !l.expired(now)) {
-                w.entry(r.key, r.kind, r.expire_at_ms, r.value)?;
-            }
+            progress.advance(addr + u64::from(size) - from, w.size.keys);
             Ok(Flow::Continue)
         })?;
         w.finish()
@@ -207,7 +209,7 @@ impl Inner {
     /// through; live ones are copied to the head, expired keys dropped.
     pub(crate) fn rewrite(&self) -> Result<(), EngineError> {
         let head = self.vlog.head();
-        let done = self.clean(head)?;
+        let done = self.clean(head, Some(&self.progress[1]))?;
         self.checkpoint()?;
         let mut bg = self.bg.lock();
         bg.stats.rewrites += 1;

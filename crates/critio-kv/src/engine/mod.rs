@@ -66,7 +66,7 @@ use critio::log::{Log, LogError};
 use critio::sync::{Condvar, Mutex, RwLock};
 use serde::{Deserialize, Serialize};
 
-pub use checkpoint::{BackgroundStats, CheckpointReport};
+pub use checkpoint::{BackgroundStats, CheckpointReport, Progress};
 pub use entry::{Entry, Value};
 pub use group::Deferred;
 pub use layout::Layout;
@@ -253,6 +253,8 @@ pub(crate) struct Inner {
     ckpt: Mutex<checkpoint::State>,
     ckpt_cv: Condvar,
     bg: Mutex<checkpoint::Background>,
+    /// How far the running BGSAVE (0) and BGREWRITEAOF (1) have gone.
+    progress: [checkpoint::JobProgress; 2],
     closing: AtomicBool,
     /// Why the engine failed, once it has ([`Inner::fail`]).
     failed: std::sync::OnceLock<String>,

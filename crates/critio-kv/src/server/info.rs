@@ -8,7 +8,7 @@
 //! | `stats`       | connections, commands, protocol errors, bytes, keyspace hits |
 //! | `replication` | `role:master`, no replicas                                   |
 //! | `cpu`         | the process's CPU time, system and user (from /proc)         |
-//! | `persistence` | checkpoints (count, mean/max ms), BGSAVE / BGREWRITEAOF in progress and last results |
+//! | `persistence` | checkpoints (count, mean/max ms), BGSAVE / BGREWRITEAOF in progress, how far (`current_fork_perc`, `current_save_keys_*`, as Redis names them), and last results |
 //! | `critio`      | scheme, device, block layer per class, cache, log, inheritance, and where critical tasks waited (paper 000 Tables 2-3) |
 //! | `keyspace`    | `db0:keys=N`                                                |
 //!
@@ -279,6 +279,17 @@ fn persistence(s: &Shared, out: &mut String) {
     );
     kv(out, "aof_rewrites", b.rewrites);
     kv(out, "aof_last_rewrite_records", b.last_rewrite_records);
+    // Redis's names for its fork child's progress: here the BGSAVE's if
+    // one runs, else the BGREWRITEAOF's; 0 while neither runs.
+    let (snapshot_at, rewrite_at) = engine.background_progress();
+    let at = snapshot_at.or(rewrite_at).unwrap_or_default();
+    kv(
+        out,
+        "current_fork_perc",
+        format!("{:.2}", at.fraction * 100.0),
+    );
+    kv(out, "current_save_keys_processed", at.keys_processed);
+    kv(out, "current_save_keys_total", at.keys_total);
     kv(out, "vlog_cleaned_records", b.cleaned_records);
     kv(out, "vlog_cleaned_bytes", b.cleaned_bytes);
     kv(
