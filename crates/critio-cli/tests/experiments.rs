@@ -153,6 +153,8 @@ fn every_experiment_runs_short_and_reports() {
                 out.contains("steal %") && out.contains("CPUs busy"),
                 "{out}"
             );
+            // The job in progress when a load ends counts by its share.
+            assert!(out.contains("last job"), "{out}");
         }
         if name == "e1-request-latency" {
             // On the simulated SSD the kernel baseline is an emulation,

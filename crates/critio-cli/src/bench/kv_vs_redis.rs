@@ -21,7 +21,9 @@
 //! `critio serve --device file` processes (io_uring, O_DIRECT), as a user
 //! runs them. Background progress is compared as jobs (BGSAVE or
 //! BGREWRITEAOF) completed per second of load, since a faster server
-//! spends fewer seconds on the same requests.
+//! spends fewer seconds on the same requests; the job in progress when
+//! the load ends counts by the share of it done (INFO's
+//! `current_fork_perc`, which both servers report).
 
 use std::path::Path;
 use std::time::Instant;
@@ -117,7 +119,7 @@ struct Run {
 
 impl Run {
     fn jobs_per_s(&self) -> f64 {
-        (self.rounds.bgsaves + self.rounds.rewrites) as f64 / self.seconds.max(1e-9)
+        self.rounds.jobs() / self.seconds.max(1e-9)
     }
 }
 
@@ -254,7 +256,8 @@ fn latency_table(runs: &[Run], size: &Size) -> Table {
 
 fn background_table(runs: &[Run]) -> Table {
     let mut t = Table::new(
-        "background work during the load (phase 'background'; critio-kv checkpoints every second in both phases)",
+        "background work during the load (phase 'background'; critio-kv checkpoints every second in both phases); \
+         last job: the share of the job in progress when the load ended that was done (INFO current_fork_perc), counted in jobs/s",
         &[
             "size",
             "server",
@@ -262,6 +265,7 @@ fn background_table(runs: &[Run]) -> Table {
             "seconds",
             "BGSAVE done",
             "BGREWRITEAOF done",
+            "last job",
             "jobs/s",
             "checkpoints",
         ],
@@ -274,6 +278,7 @@ fn background_table(runs: &[Run]) -> Table {
             json!(r.seconds),
             json!(r.rounds.bgsaves),
             json!(r.rounds.rewrites),
+            json!(r.rounds.partial),
             json!(r.jobs_per_s()),
             json!(r.checkpoints),
         ]);
