@@ -151,6 +151,15 @@ fn metrics_are_scraped_over_http_and_stop_with_the_server() {
         "{body}"
     );
     assert_eq!(sample(&body, "critio_kv_keys"), Some(20.0), "{body}");
+    // A job's progress is a sample only while it runs.
+    assert!(
+        body.contains("# TYPE critio_kv_job_progress_ratio gauge"),
+        "{body}"
+    );
+    assert!(
+        !body.contains("critio_kv_job_progress_ratio{"),
+        "no job runs:\n{body}"
+    );
 
     let (status, _, _) = http(metrics, "GET /other HTTP/1.1\r\n\r\n");
     assert_eq!(status, "HTTP/1.1 404 Not Found");

@@ -32,6 +32,7 @@
 //! | `log_batches_total`, `log_committer_batches_total`, `log_records_total`, `log_written_bytes_total`, `log_truncations_total` | counter | |
 //! | `log_used_bytes`, `log_capacity_bytes`, `log_poisoned`, `vlog_live_bytes`, `vlog_used_bytes`, `vlog_capacity_bytes` | gauge | |
 //! | `kv_checkpoints_total`, `kv_checkpoint_errors_total`, `kv_checkpoint_seconds_total`, `kv_snapshots_total`, `kv_rewrites_total`, `kv_cleaned_bytes_total` | counter | |
+//! | `kv_job_progress_ratio`: how far a running job is (only while it runs) | gauge | `job` (`bgsave`, `bgrewriteaof`) |
 //! | `background_cpu_floor_raises_total` (counter), `background_cpu_relieved_threads` (gauge): the CPU floor | counter, gauge | |
 //! | `kv_connections_received_total`, `kv_commands_processed_total`, `kv_keyspace_hits_total`, `kv_keyspace_misses_total` | counter | |
 //! | `kv_connected_clients`, `kv_keys`                       | gauge     |                   |
@@ -179,11 +180,11 @@ impl Out<'_, '_> {
         Ok(())
     }
 
-    fn gauges<L: EncodeLabelSet>(
+    fn gauges<L: EncodeLabelSet, V: EncodeGaugeValue + Copy>(
         &mut self,
         name: &str,
         help: &str,
-        rows: &[(L, u64)],
+        rows: &[(L, V)],
     ) -> fmt::Result {
         let mut m = self
             .enc
@@ -576,6 +577,16 @@ fn log(out: &mut Out, b: &Backend) -> fmt::Result {
         Some(&Unit::Bytes),
         bg.cleaned_bytes,
     )?;
+    let (snapshot, rewrite) = engine.background_progress();
+    let running: Vec<_> = [("bgsave", snapshot), ("bgrewriteaof", rewrite)]
+        .into_iter()
+        .filter_map(|(job, p)| Some(([("job", job)], p?.fraction)))
+        .collect();
+    out.gauges(
+        "kv_job_progress_ratio",
+        "How far the running BGSAVE or BGREWRITEAOF is through its part of the value log, 0 to 1 (only while it runs).",
+        &running,
+    )?;
     let floor = critio::context::cpu_floor_stats();
     out.counter(
         "background_cpu_floor_raises",
@@ -765,6 +776,31 @@ mod tests {
                 &[([("point", "t: one")], &self.0)],
             )
         }
+    }
+
+    /// A collector of one gauge family with fractional values.
+    #[derive(Debug)]
+    struct Fractions;
+
+    impl Collector for Fractions {
+        fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), fmt::Error> {
+            Out { enc: &mut enc }.gauges(
+                "t_progress_ratio",
+                "A test gauge.",
+                &[([("job", "bgsave")], 0.25), ([("job", "other")], 1.0)],
+            )
+        }
+    }
+
+    #[test]
+    fn fractional_gauges_keep_their_fraction() {
+        let mut r = Registry::with_prefix("critio");
+        r.register_collector(Box::new(Fractions));
+        let text = render(&r).unwrap();
+        assert!(
+            text.contains("critio_t_progress_ratio{job=\"bgsave\"} 0.25\n"),
+            "{text}"
+        );
     }
 
     #[test]
