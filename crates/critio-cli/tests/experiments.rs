@@ -141,6 +141,10 @@ fn every_experiment_runs_short_and_reports() {
         assert!(ok, "{name} failed:\n{out}");
         assert!(out.lines().any(|l| l.starts_with("target ") && (l.ends_with(" PASS") || l.ends_with(" MISS"))), "{name}:\n{out}");
         check_json(&json, name);
+        if name == "kv-vs-redis" {
+            // Each p99.9 ratio beside what the same run allows it.
+            assert!(out.contains("their ceiling in this run"), "{out}");
+        }
         if name == "kv-vs-redis" && which("fio").is_some() {
             // The device's own floor is measured in the same run.
             assert!(out.contains("the device alone: fio"), "{out}");

@@ -286,6 +286,50 @@ fn background_table(runs: &[Run]) -> Table {
     t
 }
 
+/// For each p99.9 target, what this run allows it: the loop only adds
+/// work, so rcp under it is not expected below its own tail alone, and a
+/// ratio's ceiling is the other server's tail under the loop over rcp's
+/// alone. A goal above its ceiling is out of reach of any scheduling on
+/// this machine in this run.
+fn ceiling_table(runs: &[Run], with_redis: bool) -> Table {
+    let (redis, none, rcp) = (
+        Kind::Redis,
+        Kind::Critio(Scheme::None),
+        Kind::Critio(Scheme::Rcp),
+    );
+    let mut t = Table::new(
+        "p99.9 ratios under the loop and their ceiling in this run (the other server's p99.9 under the loop over rcp's alone, which the loop only adds to)",
+        &["size", "test", "over rcp's", "measured", "ceiling", "goal"],
+    );
+    let mut others = vec![(none, 3.0)];
+    if with_redis {
+        others.insert(0, (redis, 5.0));
+    }
+    for size in ["fits", "4x"] {
+        let (alone, under) = (find(runs, rcp, size, false), find(runs, rcp, size, true));
+        for (other, goal) in &others {
+            let o = find(runs, *other, size, true);
+            for (test, a, u, b) in [
+                ("SET", &alone.set, &under.set, &o.set),
+                ("GET", &alone.get, &under.get, &o.get),
+            ] {
+                if size == "4x" && test == "GET" && *other == redis {
+                    continue; // not a target: Redis serves it from memory
+                }
+                t.row(vec![
+                    json!(size),
+                    json!(test),
+                    json!(other.label()),
+                    json!(ratio(b.p999_ms, u.p999_ms)),
+                    json!(ratio(b.p999_ms, a.p999_ms)),
+                    json!(goal),
+                ]);
+            }
+        }
+    }
+    t
+}
+
 fn ratio(a: f64, b: f64) -> f64 {
     a / b.max(1e-9)
 }
@@ -413,6 +457,7 @@ pub fn run(args: &BenchArgs) -> Result<Report, String> {
     }
     let mut tables: Vec<Table> = sizes.iter().map(|s| latency_table(&runs, s)).collect();
     tables.push(background_table(&runs));
+    tables.push(ceiling_table(&runs, redis.is_ok()));
     // The device's own floor, measured after the servers on the same file
     // system: what its log commits and reads cost with no server at all.
     let seconds = if args.quick { 1 } else { 5 };
