@@ -477,11 +477,14 @@ impl BackgroundLoop {
     /// Stops the loop after the job in progress: the jobs completed
     /// before, and the share of that one done when the load ended.
     pub fn stop(mut self) -> Result<Rounds, String> {
+        // Stopped first: a job that ends between the two is counted by
+        // neither (the loop sees the stop; INFO sees no job running), never
+        // by both.
+        self.stop.store(true, Ordering::SeqCst);
         let info: String = redis::cmd("INFO")
             .arg("persistence")
             .query(&mut self.progress)
             .map_err(|e| format!("INFO: {e}"))?;
-        self.stop.store(true, Ordering::SeqCst);
         let mut rounds = self
             .handle
             .join()

@@ -104,9 +104,9 @@ impl JobProgress {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
 pub struct Progress {
     /// The share of its part of the value log gone through, 0 to 1 (the
-    /// work is reading it: a BGSAVE reads every record from the start of
-    /// the log to its head as of the BGSAVE, a rewrite every one below the
-    /// head as of the rewrite).
+    /// work is reading it: a BGSAVE reads every record between the log's
+    /// tail and its head as of the BGSAVE, a rewrite every one from the
+    /// clean tail to the head as of the rewrite).
     pub fraction: f64,
     /// Keys written to the dump (BGSAVE) or live records copied
     /// (BGREWRITEAOF) so far.
