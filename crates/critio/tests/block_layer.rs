@@ -537,6 +537,32 @@ fn a_request_the_device_hands_back_goes_through_submit() {
     assert_eq!(l.stats().class(Class::Critical).completions, 2);
 }
 
+/// Four foreground threads, each writing its own page `rounds` times and
+/// reading each write back (then flushing, with `flush`).
+fn foreground_writers(
+    l: &Arc<BlockLayer>,
+    rounds: u32,
+    flush: bool,
+) -> Vec<std::thread::JoinHandle<()>> {
+    (0..4u8)
+        .map(|t| {
+            let l = l.clone();
+            std::thread::spawn(move || {
+                context::set_foreground();
+                let at = u64::from(t) * 4096;
+                for i in 0..rounds {
+                    let v = t.wrapping_mul(31).wrapping_add(i as u8);
+                    l.write(at, page(v)).unwrap();
+                    assert_eq!(l.read(at, 4096).unwrap().as_slice(), &[v; 4096]);
+                }
+                if flush {
+                    l.flush().unwrap();
+                }
+            })
+        })
+        .collect()
+}
+
 /// With one command at a time at the device, foreground requests queue
 /// behind each other: one its submitter finds queued is sent by whoever
 /// dispatches next, and its submitter waits for it like any other. Every
@@ -545,21 +571,7 @@ fn a_request_the_device_hands_back_goes_through_submit() {
 fn foreground_requests_queued_behind_others_complete_whoever_sends_them() {
     let dev = SubmitHere::with_depth(false, 1);
     let l = Arc::new(BlockLayer::new(dev.clone(), BlockConfig::default()).unwrap());
-    let threads: Vec<_> = (0..4u8)
-        .map(|t| {
-            let l = l.clone();
-            std::thread::spawn(move || {
-                context::set_foreground();
-                let at = u64::from(t) * 4096;
-                for i in 0..300u32 {
-                    let v = t.wrapping_mul(31).wrapping_add(i as u8);
-                    l.write(at, page(v)).unwrap();
-                    assert_eq!(l.read(at, 4096).unwrap().as_slice(), &[v; 4096]);
-                }
-                l.flush().unwrap();
-            })
-        })
-        .collect();
+    let threads = foreground_writers(&l, 300, true);
     let writeback = {
         let l = l.clone();
         std::thread::spawn(move || {
@@ -612,20 +624,7 @@ fn direct_and_queued_requests_mix_under_every_scheduler_setting() {
     for cfg in settings {
         let dev = SubmitHere::with_depth(false, 4);
         let l = Arc::new(BlockLayer::new(dev.clone(), cfg).unwrap());
-        let foreground: Vec<_> = (0..4u8)
-            .map(|t| {
-                let l = l.clone();
-                std::thread::spawn(move || {
-                    context::set_foreground();
-                    let at = u64::from(t) * 4096;
-                    for i in 0..200u32 {
-                        let v = t.wrapping_mul(17).wrapping_add(i as u8);
-                        l.write(at, page(v)).unwrap();
-                        assert_eq!(l.read(at, 4096).unwrap().as_slice(), &[v; 4096]);
-                    }
-                })
-            })
-            .collect();
+        let foreground = foreground_writers(&l, 200, false);
         let background = {
             let l = l.clone();
             std::thread::spawn(move || {
