@@ -338,9 +338,7 @@ fn run_scheme(scheme: Scheme, p: Params, device: &DeviceSpec) -> Result<SchemeRe
 
 /// A numeric `key:value` field of INFO text (0 if absent).
 fn info_field(info: &str, key: &str) -> u64 {
-    info.lines()
-        .find_map(|l| l.strip_prefix(key)?.strip_prefix(':')?.trim().parse().ok())
-        .unwrap_or(0)
+    super::peers::info_u64(info, key).unwrap_or(0)
 }
 
 /// The background work done between two readings.

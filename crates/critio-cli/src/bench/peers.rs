@@ -364,6 +364,11 @@ pub fn kill_tree(pid: u32) {
 
 /// A numeric `key:value` field of INFO text.
 pub fn info_u64(info: &str, key: &str) -> Option<u64> {
+    info_value(info, key)
+}
+
+/// A `key:value` field of INFO text, parsed.
+fn info_value<T: std::str::FromStr>(info: &str, key: &str) -> Option<T> {
     info.lines()
         .find_map(|l| l.strip_prefix(key)?.strip_prefix(':')?.trim().parse().ok())
 }
@@ -396,13 +401,7 @@ fn job_in_progress(info: &str) -> f64 {
     let running = ["rdb_bgsave_in_progress", "aof_rewrite_in_progress"]
         .iter()
         .any(|k| info_u64(info, k) == Some(1));
-    let perc = info.lines().find_map(|l| {
-        l.strip_prefix("current_fork_perc:")?
-            .trim()
-            .parse::<f64>()
-            .ok()
-    });
-    match (running, perc) {
+    match (running, info_value::<f64>(info, "current_fork_perc")) {
         (true, Some(p)) => (p / 100.0).clamp(0.0, 1.0),
         _ => 0.0,
     }
