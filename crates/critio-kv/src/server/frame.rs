@@ -375,4 +375,143 @@ mod tests {
         assert_eq!(args(b"\r\n"), (vec![], 2));
         assert_eq!(split_args(b"\"a\"b"), None);
     }
+
+    /// Properties over generated input: what a connection may receive,
+    /// whole, in pieces, or as garbage.
+    mod props {
+        use proptest::prelude::*;
+
+        use super::super::*;
+        use super::LIMITS;
+
+        const WIDE: Limits = Limits {
+            frame_bytes_max: 64 << 10,
+            args_max: 16,
+        };
+
+        fn encode(args: &[Vec<u8>]) -> Vec<u8> {
+            let mut out = format!("*{}\r\n", args.len()).into_bytes();
+            for a in args {
+                out.extend_from_slice(format!("${}\r\n", a.len()).as_bytes());
+                out.extend_from_slice(a);
+                out.extend_from_slice(b"\r\n");
+            }
+            out
+        }
+
+        fn request(buf: &[u8], limits: Limits) -> Option<(Vec<Vec<u8>>, usize)> {
+            match parse(buf, limits) {
+                Ok(Parsed::Request { args, consumed }) => Some((
+                    args.slices(buf).iter().map(|a| a.to_vec()).collect(),
+                    consumed,
+                )),
+                _ => None,
+            }
+        }
+
+        /// Bytes that are mostly RESP's own, so the generator reaches the
+        /// parser's branches rather than the inline path alone.
+        fn resp_ish() -> impl Strategy<Value = Vec<u8>> {
+            let byte = prop_oneof![
+                4 => prop::sample::select(b"*$\r\n-0123456789 \"'\\x".to_vec()),
+                1 => any::<u8>(),
+            ];
+            prop::collection::vec(byte, 0..120)
+        }
+
+        fn some_args(max_len: usize) -> impl Strategy<Value = Vec<Vec<u8>>> {
+            prop::collection::vec(prop::collection::vec(any::<u8>(), 0..max_len), 1..8)
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+            /// Any input gives a request that lies within the buffer, a
+            /// need for more bytes than the buffer has, or a protocol
+            /// error: never a panic, and never a need the buffer already
+            /// meets (a reader would spin).
+            #[test]
+            fn any_input_gives_a_request_a_need_or_an_error(
+                buf in prop_oneof![resp_ish(), prop::collection::vec(any::<u8>(), 0..120)],
+            ) {
+                match parse(&buf, LIMITS) {
+                    Ok(Parsed::Request { args, consumed }) => {
+                        prop_assert!(consumed > 0 && consumed <= buf.len());
+                        let slices = args.slices(&buf);
+                        if buf[0] == b'*' {
+                            prop_assert!(consumed <= LIMITS.frame_bytes_max);
+                            prop_assert!(slices.len() <= LIMITS.args_max);
+                        }
+                    }
+                    Ok(Parsed::Incomplete { at_least }) => prop_assert!(at_least > buf.len()),
+                    Err(e) => prop_assert!(e.to_string().starts_with("Protocol error: ")),
+                }
+            }
+
+            /// A request that arrives in pieces: every piece short of the
+            /// whole asks for more (at most the request's length, at least
+            /// one byte more than it has), the whole gives its arguments
+            /// back, and what follows it does not change it.
+            #[test]
+            fn a_request_in_pieces_parses_as_it_does_whole(
+                args in some_args(300),
+                after in resp_ish(),
+            ) {
+                let enc = encode(&args);
+                for cut in 0..enc.len() {
+                    match parse(&enc[..cut], WIDE) {
+                        Ok(Parsed::Incomplete { at_least }) => {
+                            prop_assert!(at_least > cut && at_least <= enc.len(), "cut {cut}: {at_least}");
+                        }
+                        other => prop_assert!(false, "cut {cut} of {}: {other:?}", enc.len()),
+                    }
+                }
+                prop_assert_eq!(request(&enc, WIDE), Some((args.clone(), enc.len())));
+                let mut more = enc.clone();
+                more.extend_from_slice(&after);
+                prop_assert_eq!(request(&more, WIDE), Some((args, enc.len())));
+            }
+
+            /// A request over the frame limit never parses, in any piece:
+            /// it is refused as soon as the header that takes it over has
+            /// arrived, and stays refused as more arrives.
+            #[test]
+            fn a_request_over_the_limit_is_refused_and_stays_refused(args in some_args(400)) {
+                let small = Limits { frame_bytes_max: 256, args_max: 16 };
+                let enc = encode(&args);
+                let mut refused = false;
+                for cut in 0..=enc.len() {
+                    match parse(&enc[..cut], small) {
+                        Ok(Parsed::Request { .. }) => {
+                            prop_assert!(enc.len() <= 256, "{} bytes parsed under a 256-byte limit", enc.len());
+                        }
+                        Ok(Parsed::Incomplete { .. }) => prop_assert!(!refused, "cut {cut}"),
+                        Err(e) => {
+                            prop_assert!(e.0.contains("max_frame_bytes"), "{e}");
+                            refused = true;
+                        }
+                    }
+                }
+                prop_assert_eq!(refused, enc.len() > 256);
+            }
+
+            /// Any bytes, each written as a `\xHH` escape inside double
+            /// quotes, come back from an inline request as they were.
+            #[test]
+            fn quoted_inline_arguments_come_back_as_they_were(
+                args in prop::collection::vec(prop::collection::vec(any::<u8>(), 0..40), 0..8),
+            ) {
+                let mut line = Vec::new();
+                for a in &args {
+                    line.push(b'"');
+                    for b in a {
+                        line.extend_from_slice(format!("\\x{b:02x}").as_bytes());
+                    }
+                    line.extend_from_slice(b"\" ");
+                }
+                line.extend_from_slice(b"\r\n");
+                prop_assert_eq!(request(&line, LIMITS), Some((args, line.len())));
+            }
+        }
+    }
 }
