@@ -509,6 +509,103 @@ fn pipelines_are_answered_in_order() {
     assert_eq!(exchange(&mut s, b"CR\r\n$1\r\nx\r\n", 1), ":3\r\n");
 }
 
+/// A pipeline of binary-safe writes and reads (SET, GET, APPEND, DEL on
+/// three keys; values with CR, LF and any byte) written in pieces cut at
+/// generated points, with a pause after each so the server reads them
+/// apart, gets byte for byte the replies a model of the store predicts,
+/// in order.
+#[test]
+fn a_pipeline_cut_anywhere_is_answered_as_if_whole() {
+    use proptest::prelude::*;
+    use proptest::test_runner::{Config, TestRunner};
+
+    let (server, _stack) = start(server_config());
+    let addr = server.local_addr();
+    let ops = prop::collection::vec(
+        (0u8..4, 0u8..3, prop::collection::vec(any::<u8>(), 0..300)),
+        1..16,
+    );
+    let cuts = prop::collection::vec(1usize..400, 0..12);
+    let case = std::cell::Cell::new(0);
+    let mut runner = TestRunner::new(Config {
+        cases: 32,
+        ..Config::default()
+    });
+    let outcome = runner.run(&(ops, cuts), |(ops, cuts)| {
+        case.set(case.get() + 1);
+        let case = case.get();
+        let mut model: HashMap<u8, Vec<u8>> = HashMap::new();
+        let (mut req, mut want) = (Vec::new(), Vec::new());
+        for (kind, k, v) in &ops {
+            let key = format!("cut{case}:{k}").into_bytes();
+            let bulk = |out: &mut Vec<u8>, b: &[u8]| {
+                out.extend_from_slice(format!("${}\r\n", b.len()).as_bytes());
+                out.extend_from_slice(b);
+                out.extend_from_slice(b"\r\n");
+            };
+            let (name, with_value): (&[u8], bool) = match kind {
+                0 => (b"SET", true),
+                1 => (b"GET", false),
+                2 => (b"APPEND", true),
+                _ => (b"DEL", false),
+            };
+            req.extend_from_slice(format!("*{}\r\n", 2 + usize::from(with_value)).as_bytes());
+            bulk(&mut req, name);
+            bulk(&mut req, &key);
+            if with_value {
+                bulk(&mut req, v);
+            }
+            match kind {
+                0 => {
+                    model.insert(*k, v.clone());
+                    want.extend_from_slice(b"+OK\r\n");
+                }
+                1 => match model.get(k) {
+                    Some(cur) => bulk(&mut want, cur),
+                    None => want.extend_from_slice(b"$-1\r\n"),
+                },
+                2 => {
+                    let cur = model.entry(*k).or_default();
+                    cur.extend_from_slice(v);
+                    want.extend_from_slice(format!(":{}\r\n", cur.len()).as_bytes());
+                }
+                _ => {
+                    let n = u8::from(model.remove(k).is_some());
+                    want.extend_from_slice(format!(":{n}\r\n").as_bytes());
+                }
+            }
+        }
+        let mut s = raw(addr);
+        let mut at = 0usize;
+        for cut in cuts.iter().chain(std::iter::once(&usize::MAX)) {
+            let end = req.len().min(at.saturating_add(*cut));
+            s.write_all(&req[at..end]).unwrap();
+            at = end;
+            if at == req.len() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let mut got = Vec::new();
+        let mut buf = [0u8; 4096];
+        while got.len() < want.len() {
+            match s.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => got.extend_from_slice(&buf[..n]),
+                Err(e) => panic!("read: {e} after {} of {} bytes", got.len(), want.len()),
+            }
+        }
+        prop_assert_eq!(
+            String::from_utf8_lossy(&got),
+            String::from_utf8_lossy(&want)
+        );
+        Ok(())
+    });
+    if let Err(e) = outcome {
+        panic!("{e}");
+    }
+}
+
 /// GETs of values the page cache no longer holds park their connection
 /// while a miss reader loads them: a pipeline of GETs mixed with writes
 /// still gets every reply right and in order, and INFO counts the parked
