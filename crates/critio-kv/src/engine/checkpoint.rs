@@ -56,36 +56,39 @@ pub(crate) struct JobProgress {
     total: AtomicU64,
     done: AtomicU64,
     /// Keys written to the dump (BGSAVE) or live records copied
-    /// (BGREWRITEAOF) so far, and the keys there were when it started.
+    /// (BGREWRITEAOF) so far, and the keys there were at the point the job
+    /// reads up to (none of the keys it processes came later).
     keys: AtomicU64,
     keys_total: AtomicU64,
 }
 
 impl JobProgress {
-    /// A job starts, with `keys` keys in the store.
-    fn start(&self, keys: u64) {
-        for a in [&self.total, &self.done, &self.keys] {
+    /// A job starts: nothing known yet.
+    fn start(&self) {
+        for a in [&self.total, &self.done, &self.keys, &self.keys_total] {
             a.store(0, Ordering::Relaxed);
         }
+    }
+
+    /// It goes through `bytes` of the value log, written while the store
+    /// held `keys` keys. Called once, before the first
+    /// [`JobProgress::advance`], under the epoch lock that fixed the range.
+    pub(crate) fn set_total(&self, bytes: u64, keys: u64) {
+        self.total.store(bytes, Ordering::Relaxed);
         self.keys_total.store(keys, Ordering::Relaxed);
     }
 
-    /// It goes through `bytes` of the value log.
-    pub(crate) fn set_total(&self, bytes: u64) {
-        self.total.store(bytes, Ordering::Relaxed);
-    }
-
     /// It has gone through `bytes` of them and written or copied `keys`.
+    /// Released with `done`: a reader that sees this `done` sees the
+    /// totals set before it and these keys.
     pub(crate) fn advance(&self, bytes: u64, keys: u64) {
-        self.done.store(bytes, Ordering::Relaxed);
         self.keys.store(keys, Ordering::Relaxed);
+        self.done.store(bytes, Ordering::Release);
     }
 
     fn read(&self) -> Progress {
-        let (done, total) = (
-            self.done.load(Ordering::Relaxed),
-            self.total.load(Ordering::Relaxed),
-        );
+        let done = self.done.load(Ordering::Acquire);
+        let total = self.total.load(Ordering::Relaxed);
         Progress {
             fraction: if total == 0 {
                 0.0
@@ -111,7 +114,9 @@ pub struct Progress {
     /// Keys written to the dump (BGSAVE) or live records copied
     /// (BGREWRITEAOF) so far.
     pub keys_processed: u64,
-    /// Keys in the store when the job started.
+    /// Keys in the store when the job fixed the part of the log it goes
+    /// through (a BGSAVE at its snapshot, a rewrite when it starts
+    /// reading): every key it processes is one of them.
     pub keys_total: u64,
 }
 
@@ -617,7 +622,6 @@ impl Inner {
 
     /// Starts BGSAVE (`snapshot`) or BGREWRITEAOF on a thread of its own.
     fn start_job(self: Arc<Self>, snapshot: bool) -> Result<(), EngineError> {
-        let keys = self.index.keys();
         {
             let mut bg = self.bg.lock();
             let running = if snapshot {
@@ -633,14 +637,17 @@ impl Inner {
                 }));
             }
             *running = true;
-            self.progress[usize::from(!snapshot)].start(keys);
+            self.progress[usize::from(!snapshot)].start();
         }
         // A snapshot is of the moment BGSAVE is called, like Redis's fork.
         // Under the epoch lock no append is copying: every record the
         // snapshot reads is whole.
+        // The keys it may write are those there are now.
         let range = snapshot.then(|| {
             let _epoch = self.epoch.write();
-            self.vlog.begin_snapshot()
+            let (from, to) = self.vlog.begin_snapshot();
+            self.progress[0].set_total(to - from, self.index.keys());
+            (from, to)
         });
         let name = if snapshot {
             "kv-bgsave"
@@ -857,6 +864,58 @@ mod tests {
             drop(stripe);
             wait_until("the job ends", || e.background_running() == (false, false));
             assert_eq!(e.background_progress(), (None, None));
+        }
+        e.close().unwrap();
+    }
+
+    /// Keys written after BGSAVE or BGREWRITEAOF was called but before the
+    /// job fixed what it reads are in its total: it never reports more
+    /// keys processed than its total. (The job is held between the call
+    /// and the start of its work by the background lock, and then at its
+    /// last key by that key's stripe.)
+    #[test]
+    fn a_job_counts_in_its_total_the_keys_written_before_it_began_reading() {
+        use crate::engine::index::Index;
+        let dev = Arc::new(MemDevice::new(64 << 20));
+        let e = open(&dev);
+        for i in 0..50 {
+            e.set(&key(i), &value(i), SetOptions::default()).unwrap();
+        }
+        let last = (60..1000)
+            .find(|&j| (0..60).all(|i| Index::stripe_of(&key(i)) != Index::stripe_of(&key(j))))
+            .expect("a key with a stripe of its own");
+        for job in [0, 1] {
+            std::thread::scope(|s| {
+                let bg = e.inner.bg.lock();
+                let caller = s.spawn(|| match job {
+                    0 => e.bgsave(),
+                    _ => e.bgrewrite(),
+                });
+                std::thread::sleep(Duration::from_millis(100));
+                for i in 50..60 {
+                    e.set(&key(i), &value(i), SetOptions::default()).unwrap();
+                }
+                e.set(&key(last), &value(last), SetOptions::default())
+                    .unwrap();
+                let stripe = e.inner.index.lock(Index::stripe_of(&key(last)));
+                drop(bg);
+                caller.join().unwrap().unwrap();
+                let at = || {
+                    let (snapshot, rewrite) = e.background_progress();
+                    if job == 0 { snapshot } else { rewrite }.expect("running")
+                };
+                wait_until("the job is under way", || at().fraction > 0.0);
+                std::thread::sleep(Duration::from_millis(50));
+                let p = at();
+                assert_eq!(p.keys_total, 61, "job {job}: {p:?}");
+                assert!(p.keys_processed <= p.keys_total, "job {job}: {p:?}");
+                drop(stripe);
+                wait_until("the job ends", || e.background_running() == (false, false));
+            });
+            for i in 50..60 {
+                e.del(&[&key(i)[..]]).unwrap();
+            }
+            e.del(&[&key(last)[..]]).unwrap();
         }
         e.close().unwrap();
     }

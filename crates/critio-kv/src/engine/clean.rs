@@ -96,14 +96,16 @@ impl Inner {
         let _one = self.cleaner.lock();
         // Under the epoch lock no append is copying: every record below the
         // head is whole.
-        let (from, head) = {
+        // The live records it may copy are of keys there are now.
+        let (from, head, keys) = {
             let _epoch = self.epoch.write();
-            self.vlog.boundary()
+            let (from, head) = self.vlog.boundary();
+            (from, head, self.index.keys())
         };
         let mut done = Cleaned::default();
         let mut batch = Batch::default();
         if let Some(p) = progress {
-            p.set_total(upto.min(head).saturating_sub(from));
+            p.set_total(upto.min(head).saturating_sub(from), keys);
         }
         let reached = self.vlog.scan(from, head, |addr, r, size| {
             if addr >= upto || self.closing.load(std::sync::atomic::Ordering::SeqCst) {

@@ -187,8 +187,7 @@ impl Inner {
             crc: 0,
             size: DumpSize::default(),
         };
-        let progress = &self.progress[0];
-        progress.set_total(to - from);
+        let progress = &self.progress[0]; // its totals set as it began
         self.vlog.scan(from, to, |addr, r, size| {
             if r.is_value() {
                 let then = self

@@ -238,7 +238,10 @@ fn stats(s: &Shared, out: &mut String) {
 
 fn persistence(s: &Shared, out: &mut String) {
     let engine = &s.backend.engine;
-    let (snapshot, rewrite) = engine.background_running();
+    // Whether each job runs and how far it has gone, read together: a job
+    // ending in between cannot show as running with no progress.
+    let (snapshot_at, rewrite_at) = engine.background_progress();
+    let (snapshot, rewrite) = (snapshot_at.is_some(), rewrite_at.is_some());
     let b = engine.background_stats();
     let mean = if b.checkpoints == 0 {
         0.0
@@ -281,7 +284,6 @@ fn persistence(s: &Shared, out: &mut String) {
     kv(out, "aof_last_rewrite_records", b.last_rewrite_records);
     // Redis's names for its fork child's progress: here the BGSAVE's if
     // one runs, else the BGREWRITEAOF's; 0 while neither runs.
-    let (snapshot_at, rewrite_at) = engine.background_progress();
     let at = snapshot_at.or(rewrite_at).unwrap_or_default();
     kv(
         out,
