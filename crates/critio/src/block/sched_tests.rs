@@ -898,3 +898,227 @@ fn a_direct_request_feeds_the_adaptive_cap() {
     h.complete_direct(d);
     assert_eq!(h.s.cap_view().0, Some(MS as f64), "alone: clean");
 }
+
+/// A differential test: scheduler A sends every request it can with
+/// `submit_direct` (as the layer does for a request done in its
+/// submitter's thread), B sends everything through submit, dispatch and
+/// complete. Both get the same generated script of submissions (reads,
+/// writes and flushes of both classes at several levels), promotions,
+/// completions and clock steps, under five settings (the default,
+/// anticipation with tokens, no classes, the adaptive cap, tokens without
+/// think time). After every step every observable of the two cores is
+/// equal (in flight, queued, waiting for admission, counters, the cap and
+/// its view, pacing, the next timer, each completion and who it admits),
+/// and a request A sent directly is exactly what B dispatches at once.
+#[test]
+fn direct_sends_account_exactly_as_queued_ones_under_generated_scripts() {
+    use super::cap::AutoCapConfig;
+    use std::collections::HashMap;
+    enum Sent {
+        Id(ReqId),
+        Direct(Direct),
+    }
+    let configs = [
+        cfg(),
+        SchedConfig {
+            anticipation: 2 * MS,
+            tokens: LaneTokens::from_slice(&[3, 2, 1]).unwrap(),
+            ..cfg()
+        },
+        SchedConfig {
+            classes: false,
+            critical_slots: 2,
+            noncritical_slots: 2,
+            ..cfg()
+        },
+        SchedConfig {
+            noncritical_cap: NoncriticalCap::Auto(AutoCapConfig::default()),
+            anticipation: MS,
+            critical_slots: 2,
+            device_depth: 3,
+            ..cfg()
+        },
+        SchedConfig {
+            noncritical_cap: NoncriticalCap::Auto(AutoCapConfig::default()),
+            tokens: LaneTokens::from_slice(&[1, 1]).unwrap(),
+            anticipation: 3 * MS,
+            think_time: false,
+            ..cfg()
+        },
+    ];
+    let mut directs = 0;
+    for (ci, c) in configs.iter().enumerate() {
+        for seed in 1..150u64 {
+            let mut a: Scheduler<u64> = Scheduler::new(*c);
+            let mut b: Scheduler<u64> = Scheduler::new(*c);
+            let mut rng = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+            let mut next = || {
+                rng ^= rng << 13;
+                rng ^= rng >> 7;
+                rng ^= rng << 17;
+                rng
+            };
+            let mut now: Nanos = 0;
+            let mut n = 0u64; // logical request number
+            let mut a_sent: HashMap<u64, Sent> = HashMap::new();
+            let mut b_id: HashMap<u64, ReqId> = HashMap::new();
+            let mut a_dev: Vec<u64> = Vec::new();
+            let mut b_dev: Vec<u64> = Vec::new();
+            let mut noncrit: Vec<u64> = Vec::new();
+            let drain = |s: &mut Scheduler<u64>, now: Nanos, dev: &mut Vec<u64>| {
+                let mut got = Vec::new();
+                while let Some((_, _, p)) = s.dispatch_payload(now) {
+                    got.push(*p);
+                    dev.push(*p);
+                }
+                s.check_invariants();
+                got
+            };
+            for step in 0..400 {
+                let ctx = format!("config {ci} seed {seed} step {step}");
+                let r = next();
+                match r % 12 {
+                    0..=4 => {
+                        n += 1;
+                        let class = if r % 12 <= 2 { C } else { N };
+                        let op = [Op::Read, Op::Write, Op::Flush][(r >> 8) as usize % 3];
+                        let len = if op == Op::Flush {
+                            0
+                        } else {
+                            4096 << ((r >> 12) % 5)
+                        };
+                        let info = ReqInfo {
+                            class,
+                            level: ((r >> 20) % 4) as u8,
+                            op,
+                            offset: n * (1 << 20),
+                            len,
+                        };
+                        let (ida, idb) = (n * 2, n * 2 + 1);
+                        if let Some(d) = a.submit_direct(&info, now) {
+                            directs += 1;
+                            a.check_invariants();
+                            a_sent.insert(n, Sent::Direct(d));
+                            a_dev.push(n);
+                            b.submit(idb, info, n, now);
+                            b_id.insert(n, idb);
+                            let got = drain(&mut b, now, &mut b_dev);
+                            assert_eq!(
+                                got,
+                                vec![n],
+                                "{ctx}: B would not send the direct one at once"
+                            );
+                        } else {
+                            a.submit(ida, info, n, now);
+                            a_sent.insert(n, Sent::Id(ida));
+                            b.submit(idb, info, n, now);
+                            b_id.insert(n, idb);
+                            let ga = drain(&mut a, now, &mut a_dev);
+                            let gb = drain(&mut b, now, &mut b_dev);
+                            assert_eq!(ga, gb, "{ctx}: dispatches differ");
+                        }
+                        if class == N {
+                            noncrit.push(n);
+                        }
+                    }
+                    5 if !noncrit.is_empty() => {
+                        let m = noncrit[(r >> 8) as usize % noncrit.len()];
+                        let Sent::Id(ida) = a_sent[&m] else {
+                            assert!(!c.classes, "{ctx}: noncritical sent direct");
+                            continue;
+                        };
+                        let pa = a.promote(ida, now);
+                        let pb = b.promote(b_id[&m], now);
+                        assert_eq!(pa, pb, "{ctx}: promotion");
+                        let ga = drain(&mut a, now, &mut a_dev);
+                        let gb = drain(&mut b, now, &mut b_dev);
+                        assert_eq!(ga, gb, "{ctx}: dispatches after promotion differ");
+                    }
+                    6..=9 if !a_dev.is_empty() => {
+                        let m = a_dev[(r >> 8) as usize % a_dev.len()];
+                        a_dev.retain(|&x| x != m);
+                        assert!(b_dev.contains(&m), "{ctx}: {m} not at B's device");
+                        b_dev.retain(|&x| x != m);
+                        noncrit.retain(|&x| x != m);
+                        let da = match a_sent.remove(&m).unwrap() {
+                            Sent::Id(id) => a.complete(id, now),
+                            Sent::Direct(d) => a.complete_direct(d, m, now),
+                        };
+                        let db = b.complete(b_id.remove(&m).unwrap(), now);
+                        a.check_invariants();
+                        b.check_invariants();
+                        assert_eq!(
+                            (
+                                da.payload,
+                                da.class,
+                                da.admission_wait,
+                                da.queue_wait,
+                                da.device_time
+                            ),
+                            (
+                                db.payload,
+                                db.class,
+                                db.admission_wait,
+                                db.queue_wait,
+                                db.device_time
+                            ),
+                            "{ctx}: completion"
+                        );
+                        let adm_a: Vec<u64> = da
+                            .admitted
+                            .iter()
+                            .map(|id| *a.payload_mut(*id).unwrap())
+                            .collect();
+                        let adm_b: Vec<u64> = db
+                            .admitted
+                            .iter()
+                            .map(|id| *b.payload_mut(*id).unwrap())
+                            .collect();
+                        assert_eq!(adm_a, adm_b, "{ctx}: admitted");
+                        let ga = drain(&mut a, now, &mut a_dev);
+                        let gb = drain(&mut b, now, &mut b_dev);
+                        assert_eq!(ga, gb, "{ctx}: dispatches after completion differ");
+                    }
+                    _ => {
+                        now += (r >> 8) % (4 * MS);
+                        // the timer thread's kick
+                        let ga = drain(&mut a, now, &mut a_dev);
+                        let gb = drain(&mut b, now, &mut b_dev);
+                        assert_eq!(ga, gb, "{ctx}: dispatches after time differ");
+                    }
+                }
+                assert_eq!(a.inflight(), b.inflight(), "{ctx}: inflight");
+                assert_eq!(a.queued_per_lane(), b.queued_per_lane(), "{ctx}: queued");
+                assert_eq!(
+                    a.awaiting_admission(),
+                    b.awaiting_admission(),
+                    "{ctx}: awaiting"
+                );
+                assert_eq!(a.outstanding(), b.outstanding(), "{ctx}: outstanding");
+                assert_eq!(
+                    format!("{:?}", a.counters()),
+                    format!("{:?}", b.counters()),
+                    "{ctx}: counters"
+                );
+                assert_eq!(a.noncritical_cap(), b.noncritical_cap(), "{ctx}: cap");
+                assert_eq!(
+                    format!("{:?}", a.cap_view()),
+                    format!("{:?}", b.cap_view()),
+                    "{ctx}: cap view"
+                );
+                assert_eq!(
+                    format!("{:?}", a.pacing_rate()),
+                    format!("{:?}", b.pacing_rate()),
+                    "{ctx}: pacing"
+                );
+                assert_eq!(
+                    format!("{:?}", a.background_own_rate()),
+                    format!("{:?}", b.background_own_rate()),
+                    "{ctx}: own rate"
+                );
+                assert_eq!(a.next_timer(now), b.next_timer(now), "{ctx}: timer");
+            }
+        }
+    }
+    assert!(directs > 1000, "only {directs} direct sends exercised");
+}
