@@ -146,7 +146,14 @@ impl Log {
                     if let Some(batch) = writer::take_batch(sh, &mut st) {
                         drop(st);
                         sh.space_cv.notify_all(); // pending room freed
+                                                  // Critical for the whole write and flush if a
+                                                  // critical task appended to it, as the writer
+                                                  // writes it: this caller may have led only by an
+                                                  // inheritance that ends midway, while foreground
+                                                  // commits wait for this batch.
+                        let critical = batch.critical.then(crate::context::foreground);
                         let result = writer::write_batch(sh, &batch);
+                        drop(critical);
                         writer::finish(sh, &batch, result, By::Committer);
                         st = sh.state.lock();
                         continue;
@@ -184,17 +191,23 @@ impl Log {
     /// (space is freed by whole batches) but no longer recovered. A no-op if
     /// the head is already past `upto`.
     ///
-    /// If some of them are not durable yet, the durable ones are dropped
-    /// first: the rest may be waiting for the very ring space they hold
-    /// (the ring full, and only this truncation able to free it).
+    /// While some of them are not durable yet, the durable ones are
+    /// dropped, then the next batch is waited for, and again: the rest may
+    /// be waiting for the very ring space the durable ones hold (the ring
+    /// full, and only this truncation able to free it), and records let in
+    /// by their size may need more than the whole ring once batched and
+    /// padded, so one drop before waiting for all of them is not enough.
     ///
     /// # Panics
     /// If `upto` was never appended.
     pub fn truncate(&self, upto: Lsn) -> Result<(), LogError> {
-        let durable = self.shared.state.lock().durable_lsn;
-        if durable < upto {
+        loop {
+            let durable = self.shared.state.lock().durable_lsn;
+            if durable >= upto {
+                break;
+            }
             self.truncate_durable(durable)?;
-            self.commit(upto)?;
+            self.commit(durable + 1)?;
         }
         self.truncate_durable(upto)
     }

@@ -49,7 +49,7 @@ pub(crate) struct Batch {
     /// Its number (which commit queue waits for it).
     seq: u64,
     /// A critical task appended one of its records, or a later one.
-    critical: bool,
+    pub(crate) critical: bool,
     first: Lsn,
     last: Lsn,
     start_v: u64,
