@@ -1280,6 +1280,124 @@ fn a_truncation_past_records_the_full_ring_cannot_place_drops_the_durable_ones_f
     );
 }
 
+/// Records let in by their size that need more than the whole ring once
+/// batched (each alone in a batch, padded to a block): a truncation past
+/// them all does not wait for them with the durable ones still in the
+/// ring, where the writer waits for the space only it could free; it
+/// drops what is durable each time a batch becomes durable.
+#[test]
+fn a_truncation_past_more_records_than_the_ring_holds_once_batched_completes() {
+    let dev = mem(1 << 20);
+    let cfg = LogConfig {
+        region_offset_bytes: 0,
+        region_bytes: 64 * KIB, // 15 ring blocks, 61440 bytes
+        batch_bytes_max: 4 * KIB,
+        record_bytes_max: 2100,
+        pending_bytes_max: 60 * KIB,
+        ..LogConfig::default()
+    };
+    let log = Arc::new(open(&dev, &cfg).0);
+    // 29 records of 2104 encoded bytes (61016 of 61440): all let in, and
+    // one per 4 KiB batch they need 29 ring blocks of the 15. Appended by
+    // a foreground task that leaves them to a commit (the writer is not
+    // called).
+    let last = {
+        let log = log.clone();
+        std::thread::spawn(move || {
+            context::set_foreground();
+            let mut last = 0;
+            for lsn in 1..=29 {
+                last = log.append(&body(lsn, 2080)).unwrap();
+            }
+            last
+        })
+        .join()
+        .unwrap()
+    };
+    assert_eq!(last, 29);
+    let (tx, rx) = mpsc::channel();
+    {
+        let log = log.clone();
+        std::thread::spawn(move || tx.send(log.truncate(last)).unwrap());
+    }
+    let truncated = rx.recv_timeout(Duration::from_secs(30));
+    assert!(
+        matches!(truncated, Ok(Ok(()))),
+        "{truncated:?}: durable {}, head {}, writer {:?}",
+        log.durable_lsn(),
+        log.head_lsn(),
+        log.writer_task().blocking_status()
+    );
+    assert_eq!((log.durable_lsn(), log.head_lsn()), (29, 30));
+    drop(log);
+    let (log, rec) = open(&dev, &cfg);
+    assert_eq!(rec.records.len(), 0, "every record was truncated");
+    assert_eq!(log.append_commit(b"after").unwrap(), 30);
+}
+
+/// A background task that leads a commit while it inherits criticality
+/// (through an event a foreground task waits on) writes the batch of a
+/// foreground record critical, and keeps it critical to the end of the
+/// flush after its inheritance ends: a foreground commit waiting for that
+/// batch boosts the log writer, not the task writing it.
+#[test]
+fn a_batch_led_by_an_inheriting_task_stays_critical_when_its_inheritance_ends() {
+    let (gate, cfg, log) = gated_log();
+    let data = ring_offset(&cfg, 0);
+    let lsn = append_in_foreground(&log, b"foreground");
+    let ev = Arc::new(critio::sync::Event::named("test: helped"));
+    let (task_tx, task_rx) = mpsc::channel();
+    let (go_tx, go_rx) = mpsc::channel::<()>();
+    let background = {
+        let log = log.clone();
+        std::thread::spawn(move || {
+            task_tx.send(context::current()).unwrap();
+            go_rx.recv().unwrap();
+            log.commit(lsn).unwrap()
+        })
+    };
+    let task = task_rx.recv().unwrap();
+    ev.register_helper(task.clone());
+    let helped = {
+        let ev = ev.clone();
+        std::thread::spawn(move || {
+            context::set_foreground();
+            ev.wait_timeout(Duration::from_secs(60));
+        })
+    };
+    wait_until("the background task inherits", || task.is_critical());
+    let n0 = gate.arrivals().len();
+    go_tx.send(()).unwrap();
+    gate.wait_arrivals(n0 + 1);
+    let written = gate.arrivals()[n0];
+    // Its inheritance ends while its write is at the device (the waiter
+    // it helped has left its wait when it returns).
+    ev.set();
+    helped.join().unwrap();
+    let (fg_tx, fg_rx) = mpsc::channel();
+    let foreground = {
+        let log = log.clone();
+        std::thread::spawn(move || {
+            context::set_foreground();
+            fg_tx.send(context::current()).unwrap();
+            log.commit(lsn).unwrap()
+        })
+    };
+    let waiter = fg_rx.recv().unwrap();
+    wait_blocked(&waiter, BlockingStatus::Condvar { name: COMMIT_POINT });
+    release_until(&gate, || {
+        background.is_finished() && foreground.is_finished()
+    });
+    background.join().unwrap();
+    foreground.join().unwrap();
+    assert_eq!(written, (data, Class::Critical), "the write, led critical");
+    assert_eq!(
+        gate.arrivals()[n0 + 1..],
+        [(0, Class::Critical)],
+        "the flush a foreground commit waits for"
+    );
+}
+
 /// A batch holding a record a critical task appended is written critical
 /// from the start, before that task reaches its commit wait (without
 /// `committer_writes` the writer usually takes the batch first); a batch of
