@@ -298,6 +298,59 @@ fn flushing_one_file_does_not_wait_for_another_files_dirty_pages() {
     drop_releasing(cache, &dev);
 }
 
+/// The writeback thread waits for a round's runs one at a time; a
+/// critical flush of file b whose page's write was promoted and completed
+/// returns then, and does not wait (spinning on a completed write) for the
+/// thread to wait out file a's earlier background runs, which no one
+/// promotes: whoever sees a run complete ends its pages' writeback.
+#[test]
+fn a_flush_whose_page_was_written_does_not_wait_for_other_files_earlier_runs() {
+    let b_base = 4 * MIB;
+    let dev = GateDevice::with(32, 8 * MIB, Box::new(|op, _| op == Op::Write));
+    let cache = cache_over(
+        dev.clone(),
+        CacheConfig {
+            capacity_bytes: 4 * MIB,
+            dirty_expire_ms: 50,
+            ..CacheConfig::default()
+        },
+    );
+    let a = cache.add_file("a", 0, MIB).unwrap();
+    let b = cache.add_file("b", b_base, MIB).unwrap();
+    // Background writes, dirtied together so one writeback round takes
+    // them: runs a0, a2, b0 (by file and page).
+    cache.write(a, 0, &page(1)).unwrap();
+    cache.write(a, 2 * PAGE as u64, &page(2)).unwrap();
+    cache.write(b, 0, &page(3)).unwrap();
+    dev.wait_arrivals(1);
+    assert!(dev.holds(0), "a0's writeback is at the device");
+    assert!(!dev.holds(b_base), "b0's is queued behind the cap");
+    let (tx, rx) = channel();
+    let flusher = std::thread::spawn({
+        let cache = cache.clone();
+        move || {
+            context::set_foreground();
+            tx.send(cache.flush_file(b).map_err(|e| e.to_string()))
+                .unwrap();
+        }
+    });
+    wait_until("b0's write is promoted to the device", || dev.holds(b_base));
+    dev.release(b_base);
+    let flushed = rx.recv_timeout(Duration::from_secs(10));
+    let a_held = dev.holds(0);
+    while !flusher.is_finished() {
+        dev.release_all(); // the flush still waits: let it end, to fail below
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    flusher.join().unwrap();
+    drop_releasing(cache, &dev);
+    assert!(
+        matches!(flushed, Ok(Ok(()))),
+        "{flushed:?}: the flush of b still waited with a's writes held"
+    );
+    assert!(a_held, "a's writes were still held when b's flush returned");
+}
+
 #[test]
 fn a_flushed_file_survives_a_new_cache_and_bad_ranges_are_errors() {
     let dev: Arc<dyn Device> = Arc::new(MemDevice::new(8 * MIB));

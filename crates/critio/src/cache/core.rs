@@ -72,9 +72,11 @@ pub(crate) enum State {
     Loading(Arc<PendingIo>),
     Clean,
     Dirty,
-    /// A copy is being written; `dirty_again` if written to since the copy.
+    /// A copy is being written: the page's writes up to `seq`;
+    /// `dirty_again` if written to since the copy.
     Writeback {
         io: Arc<PendingIo>,
+        seq: u64,
         dirty_again: bool,
     },
 }
@@ -116,8 +118,11 @@ pub(crate) enum Alloc {
     /// the caller starts loading it, writes it whole, or releases it before
     /// it lets go of the cache lock.
     Frame(usize),
-    /// Every frame is busy; wait for this I/O, then retry.
+    /// Every frame is busy; wait for this page load, then retry.
     Wait(Arc<PendingIo>),
+    /// Every frame is busy; wait for the writeback of this frame (the
+    /// first in line), end it if its writer has not yet, then retry.
+    WaitWriteback(usize, Arc<PendingIo>),
     /// Only dirty pages are left: write this one back, then retry.
     Reclaim(usize),
 }
@@ -289,7 +294,7 @@ impl Frames {
         }
         if let Some(i) = self.lists.front(ListId::Writeback) {
             if let State::Writeback { io, .. } = &self.frames[i].state {
-                return Alloc::Wait(io.clone());
+                return Alloc::WaitWriteback(i, io.clone());
             }
         }
         if let Some(i) = self.lists.front(ListId::Dirty) {
@@ -383,31 +388,43 @@ impl Frames {
         newly
     }
 
-    /// Starts writing a copy of dirty page `i` with `io`; returns the write
-    /// sequence it covers.
-    pub(crate) fn begin_writeback(&mut self, i: usize, io: Arc<PendingIo>) -> u64 {
+    /// Starts writing a copy of dirty page `i` (its writes so far) with
+    /// `io`.
+    pub(crate) fn begin_writeback(&mut self, i: usize, io: Arc<PendingIo>) {
         let f = &mut self.frames[i];
         assert!(
             matches!(f.state, State::Dirty),
             "writing back a page that is not dirty"
         );
+        let seq = f.write_seq;
         f.state = State::Writeback {
             io,
+            seq,
             dirty_again: false,
         };
-        let seq = f.write_seq;
         self.relist(i);
-        seq
     }
 
-    /// Ends the writeback of page `i` that copied `seq`: clean, or dirty
-    /// again if written meanwhile; a failed write leaves it dirty, first in
-    /// line to be written again.
-    pub(crate) fn end_writeback(&mut self, i: usize, seq: u64, ok: bool) {
+    /// Ends the writeback of page `i` by `io` if it is still under it:
+    /// clean, or dirty again if written meanwhile; a failed write leaves it
+    /// dirty, first in line to be written again. Whoever sees `io` complete
+    /// first ends it (the run's submitter, or a task waiting for the page):
+    /// a submitter waits for its runs one at a time, and a page whose write
+    /// completed must not wait for other runs' I/O. Returns whether it
+    /// ended it (false: someone did, and the frame may hold another page).
+    pub(crate) fn end_writeback(&mut self, i: usize, io: &Arc<PendingIo>, ok: bool) -> bool {
         let f = &mut self.frames[i];
-        let State::Writeback { dirty_again, .. } = f.state else {
-            panic!("ending a writeback that did not start");
+        let State::Writeback {
+            io: ref by,
+            seq,
+            dirty_again,
+        } = f.state
+        else {
+            return false;
         };
+        if !Arc::ptr_eq(by, io) {
+            return false;
+        }
         if ok {
             f.written_seq = f.written_seq.max(seq);
         }
@@ -415,7 +432,7 @@ impl Frames {
             f.state = State::Dirty;
             self.lists.unlink(i);
             self.lists.push_front(ListId::Dirty, i);
-            return;
+            return true;
         }
         if dirty_again {
             f.state = State::Dirty;
@@ -427,6 +444,7 @@ impl Frames {
             self.unflushed.remove(&key);
         }
         self.relist(i);
+        true
     }
 
     /// Up to `max` dirty pages (not under writeback), oldest first.
@@ -625,12 +643,15 @@ mod tests {
             (2, 0),
             "upgraded"
         );
-        let seq = f.begin_writeback(a, pending());
+        let p = pending();
+        f.begin_writeback(a, p.clone());
         f.mark_written(a, Class::NonCritical, 4); // written during writeback
-        f.end_writeback(a, seq, true);
+        assert!(f.end_writeback(a, &p, true));
+        assert!(!f.end_writeback(a, &p, true), "ended once");
         assert!(matches!(f.frame(a).state, State::Dirty), "dirty again");
-        let seq = f.begin_writeback(a, pending());
-        f.end_writeback(a, seq, true);
+        let p = pending();
+        f.begin_writeback(a, p.clone());
+        assert!(f.end_writeback(a, &p, true));
         assert!(matches!(f.frame(a).state, State::Clean));
         assert_eq!(f.dirty(Class::Critical), 1);
         assert_eq!(f.oldest_dirty(10), vec![b]);
@@ -650,11 +671,13 @@ mod tests {
         );
         f.begin_writeback(b, pending());
         assert!(
-            matches!(f.alloc(key(5)), Alloc::Wait(_)),
+            matches!(f.alloc(key(5)), Alloc::WaitWriteback(i, _) if i == b),
             "wait for the writeback"
         );
-        let seq = f.begin_writeback(a, pending());
-        f.end_writeback(a, seq, false);
+        let p = pending();
+        f.begin_writeback(a, p.clone());
+        assert!(!f.end_writeback(a, &pending(), true), "another run's I/O");
+        assert!(f.end_writeback(a, &p, false));
         assert!(
             matches!(f.frame(a).state, State::Dirty),
             "a failed write stays dirty"

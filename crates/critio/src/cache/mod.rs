@@ -596,6 +596,8 @@ impl Drop for PageCache {
 /// What a caller must do before retrying an access.
 enum Act {
     Wait(Arc<PendingIo>),
+    /// Wait for the writeback of this frame of the page's part.
+    WaitWriteback(usize, Arc<PendingIo>),
     Load(usize, Arc<PendingIo>),
     /// Write back this frame of the page's part.
     Reclaim(usize),
@@ -741,6 +743,7 @@ impl Inner {
                             Act::Load(i, p)
                         }
                         Alloc::Wait(p) => Act::Wait(p),
+                        Alloc::WaitWriteback(i, p) => Act::WaitWriteback(i, p),
                         Alloc::Reclaim(i) => Act::Reclaim(i),
                     },
                 }
@@ -748,6 +751,7 @@ impl Inner {
             match act {
                 // A failed I/O shows in the page's state on the retry.
                 Act::Wait(p) => drop(p.wait()),
+                Act::WaitWriteback(i, p) => drop(self.end_waited(self.shard_index(key), i, &p)),
                 Act::Load(i, p) => self.load(key, i, &p)?,
                 Act::Reclaim(i) => self.reclaim(key, i)?,
                 Act::Throttle => self.throttle_wait()?,
@@ -895,7 +899,7 @@ impl Inner {
                     }
                     match &f.state {
                         State::Dirty => dirty.push(i),
-                        State::Writeback { io, .. } => waits.push(io.clone()),
+                        State::Writeback { io, .. } => waits.push((i, io.clone())),
                         _ => {}
                     }
                 }
@@ -906,8 +910,8 @@ impl Inner {
             }
             let submitted = runs.into_iter().map(|r| self.submit_run(r, true)).collect();
             self.finish_runs(submitted)?;
-            for p in waits {
-                p.wait()?;
+            for (i, p) in waits {
+                self.end_waited(shard, i, &p)?;
             }
         }
     }

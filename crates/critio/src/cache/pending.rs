@@ -49,6 +49,12 @@ impl PendingIo {
         self.issued.set();
     }
 
+    /// Whether a request was submitted for it (false: not yet, or its
+    /// submission failed and it was abandoned).
+    pub(crate) fn was_issued(&self) -> bool {
+        self.io.get().is_some()
+    }
+
     /// Waits until the I/O completes (promoting it if the caller is
     /// critical). Returns its result; an abandoned I/O returns Ok (the
     /// caller re-checks the page).

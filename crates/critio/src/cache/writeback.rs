@@ -33,11 +33,10 @@ const IDLE_CHECK: Duration = Duration::from_millis(100);
 /// How long it backs off after a failed write.
 const ERROR_BACKOFF: Duration = Duration::from_millis(20);
 
-/// A run being written: its pages (frame, write sequence copied) and the
-/// shared pending I/O.
+/// A run being written: its pages' frames and the shared pending I/O.
 pub(crate) struct Run {
     shard: usize,
-    pages: Vec<(usize, u64)>,
+    pages: Vec<usize>,
     offset: u64,
     buf: AlignedBuf,
     pending: Arc<PendingIo>,
@@ -46,7 +45,8 @@ pub(crate) struct Run {
 /// A submitted run.
 pub(crate) struct Submitted {
     shard: usize,
-    pages: Vec<(usize, u64)>,
+    pages: Vec<usize>,
+    pending: Arc<PendingIo>,
     io: Result<IoHandle, BlockError>,
 }
 
@@ -88,17 +88,17 @@ impl Inner {
                 });
             }
             let r = runs.len() - 1;
-            run_of.insert(i, (r, runs[r].pages.len()));
-            runs[r].pages.push((i, 0));
+            run_of.insert(i, r);
+            runs[r].pages.push(i);
             last = Some(key);
         }
         for &i in &frames {
-            let (r, p) = run_of[&i];
-            runs[r].pages[p].1 = core.frames.begin_writeback(i, runs[r].pending.clone());
+            core.frames
+                .begin_writeback(i, runs[run_of[&i]].pending.clone());
         }
         for run in &mut runs {
             let mut buf = AlignedBuf::zeroed(run.pages.len() * self.page);
-            for (k, &(i, _)) in run.pages.iter().enumerate() {
+            for (k, &i) in run.pages.iter().enumerate() {
                 MutexGuard::bump(core);
                 buf.as_mut_slice()[k * self.page..(k + 1) * self.page]
                     .copy_from_slice(core.frames.data(i));
@@ -121,12 +121,14 @@ impl Inner {
         Submitted {
             shard: run.shard,
             pages: run.pages,
+            pending: run.pending,
             io,
         }
     }
 
-    /// Waits for submitted runs and ends their pages' writeback. Returns the
-    /// first error (its pages stay dirty).
+    /// Waits for submitted runs and ends their pages' writeback (those a
+    /// waiter for a page has not ended already, [`Inner::end_waited`]).
+    /// Returns the first error (its pages stay dirty).
     pub(crate) fn finish_runs(&self, runs: Vec<Submitted>) -> Result<(), CacheError> {
         let mut first_err = None;
         for run in runs {
@@ -134,8 +136,8 @@ impl Inner {
             let ok = result.is_ok();
             {
                 let mut core = self.shards[run.shard].lock();
-                for &(i, seq) in &run.pages {
-                    core.frames.end_writeback(i, seq, ok);
+                for &i in &run.pages {
+                    core.frames.end_writeback(i, &run.pending, ok);
                 }
                 #[cfg(debug_assertions)]
                 core.frames.check_invariants();
@@ -155,6 +157,25 @@ impl Inner {
         }
         self.throttle.wake_all();
         first_err.map_or(Ok(()), |e| Err(e.into()))
+    }
+
+    /// Waits for the writeback `io` of frame `i` of part `shard`, and ends
+    /// the frame's writeback if its submitter has not yet: the submitter
+    /// may be waiting for an earlier run of the same round, and a task
+    /// that needs this page (a flush, a reader short of frames) would
+    /// otherwise find it under writeback again and again with nothing left
+    /// to wait for. Returns the write's error.
+    pub(crate) fn end_waited(
+        &self,
+        shard: usize,
+        i: usize,
+        io: &Arc<PendingIo>,
+    ) -> Result<(), BlockError> {
+        let result = io.wait();
+        // Abandoned (never submitted): nothing was written.
+        let ok = result.is_ok() && io.was_issued();
+        self.shards[shard].lock().frames.end_writeback(i, io, ok);
+        result
     }
 
     /// The dirty pages at which a class's writeback starts.
