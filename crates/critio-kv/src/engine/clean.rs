@@ -410,4 +410,95 @@ pub(super) mod tests {
         drop(e);
         check(&open(&dev));
     }
+
+    /// With the durable tail in the middle of a page, the cleaner's copies
+    /// near the end of the region stop short of the page that physically
+    /// holds the tail (the log's end is a region past that page's start):
+    /// appends make the pages they start present zeroed, so one reaching
+    /// into it would wipe the oldest records recovery needs, and their
+    /// writeback before the next checkpoint would leave a superblock
+    /// pointing at zeros. A power cut right after the copies are written
+    /// back then recovers every key.
+    #[test]
+    fn copies_near_the_end_never_reach_the_page_holding_the_durable_tail() {
+        use std::time::{Duration, Instant};
+
+        use critio::device::faulty::{FaultConfig, FaultyDevice};
+        let dev = Arc::new(
+            FaultyDevice::new(Arc::new(MemDevice::new(32 << 20)), FaultConfig::default()).unwrap(),
+        );
+        let open_it = || {
+            let mut config = critio::config::Config::default();
+            config.cache.capacity_bytes = 1 << 20;
+            config.context.background_nice = 0;
+            let stack = critio::Stack::over(dev.clone(), &config).unwrap();
+            Engine::open(
+                &stack,
+                EngineConfig {
+                    log_bytes: 4 << 20,
+                    checkpoint_interval_ms: 0,
+                    value_bytes_max: 64 << 10,
+                    clean_free_pct: 1,
+                    ..EngineConfig::default()
+                },
+            )
+        };
+        let e = Arc::new(open_it().unwrap());
+        let v = &e.inner.vlog;
+        let region = v.region();
+        // A durable tail in the middle of the first page: a dead 3992-byte
+        // record cleaned away.
+        e.set(b"pad", &vec![1u8; 3969], SetOptions::default())
+            .unwrap();
+        assert_eq!(v.head(), 3992);
+        e.del(&[b"pad"]).unwrap();
+        e.inner.clean(3992, None).unwrap();
+        e.inner.checkpoint().unwrap();
+        assert_eq!(v.boundary().0, 3992);
+        // Garbage up to about 12% of the region short of the tail's lap
+        // end, then live 64-byte records whose copies would end about 1500
+        // bytes short of it: inside the page that holds the tail.
+        let lap_end = 3992 + region;
+        let big = vec![2u8; 60_000];
+        while lap_end - v.head() > region / 100 * 12 + 70_000 {
+            e.set(b"f", &big, SetOptions::default()).unwrap();
+        }
+        e.del(&[b"f"]).unwrap();
+        let n = ((lap_end - v.head() - 1500) / 128) as usize;
+        let keys: Vec<Vec<u8>> = (0..n).map(|i| format!("s{i:06}").into_bytes()).collect();
+        let val = [3u8; 37];
+        for chunk in keys.chunks(256) {
+            let pairs: Vec<(&[u8], &[u8])> = chunk.iter().map(|k| (&k[..], &val[..])).collect();
+            e.mset(&pairs).unwrap();
+        }
+        assert_eq!(v.boundary().0, 3992, "no cleaning yet");
+        // No checkpoint moves the tail while the cleaner copies: it stops
+        // at the end, waiting for one to make room.
+        let ckpt = e.inner.ckpt.lock();
+        let cleaner = {
+            let (e, upto) = (e.clone(), v.head());
+            std::thread::spawn(move || e.inner.clean(upto, None).map(|d| d.copied))
+        };
+        let start = Instant::now();
+        while !cleaner.is_finished() && start.elapsed() < Duration::from_secs(2) {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let head = v.head();
+        assert!(
+            head <= region,
+            "the copies reached {} bytes into the page holding the tail",
+            head - region
+        );
+        // The copies written back, then the power goes before a superblock.
+        e.inner.cache.flush_file(v.file()).unwrap();
+        dev.power_cut().unwrap();
+        drop(ckpt);
+        let _ = cleaner.join().unwrap(); // fails if it had to checkpoint
+        drop(e);
+        dev.restart();
+        let e = open_it().unwrap_or_else(|err| panic!("recovery after the power cut: {err}"));
+        for k in &keys {
+            assert_eq!(e.get(k).unwrap(), Some(val.to_vec()), "{k:?}");
+        }
+    }
 }

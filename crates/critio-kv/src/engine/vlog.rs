@@ -156,6 +156,9 @@ pub(crate) struct Vlog {
     cache: Arc<PageCache>,
     file: FileId,
     region: u64,
+    /// The cache's page size: the log never writes into the page that holds
+    /// its reuse tail (see [`Vlog::set_end`]).
+    page: u64,
     live_max: u64,
     record_max: usize,
     state: Mutex<State>,
@@ -194,12 +197,14 @@ impl Vlog {
         (tail, head): (u64, u64),
         sync: impl Fn(&'static str) -> SyncOptions,
     ) -> Self {
-        assert!(region % 4096 == 0 && region > 0);
+        let page = cache.config().page_bytes as u64;
+        assert!(region % page == 0 && region > 0);
         assert!(tail <= head && head - tail <= region);
         Self {
             cache,
             file,
             region,
+            page,
             live_max: region / 100 * live_max_pct,
             record_max,
             state: Mutex::with_options(
@@ -214,7 +219,7 @@ impl Vlog {
             live: AtomicU64::new(0),
             head: AtomicU64::new(head),
             reserved: AtomicU64::new(0),
-            end: AtomicU64::new(tail + region),
+            end: AtomicU64::new(tail / page * page + region),
             refused: OnceLock::new(),
         }
     }
@@ -264,9 +269,15 @@ impl Vlog {
         self.head.load(Ordering::SeqCst) + r
     }
 
-    /// Recomputes the end after the reuse tail moved (under the lock).
+    /// Recomputes the end after the reuse tail moved (under the lock): a
+    /// region past the start of the page that holds the reuse tail, not
+    /// past the tail itself. Appends make the pages they start present
+    /// zeroed, never read ([`PageCache::prepare_appending`]): one that
+    /// reached into that page would zero the oldest records recovery still
+    /// needs, and its writeback would put the zeros on the device before
+    /// the next checkpoint moves the tail.
     fn set_end(&self, st: &State) {
-        let end = st.reuse_tail() + self.region;
+        let end = st.reuse_tail() / self.page * self.page + self.region;
         let old = self.end.swap(end, Ordering::SeqCst);
         debug_assert!(end >= old, "the log's end moved back");
     }
