@@ -150,6 +150,11 @@ impl Inner {
             let ceiling = context::ceiling();
             let mut held = Held::lock(&self.index, &keys);
             let now = now_ms();
+            // Asked under the stripes, as for every change of a key: a
+            // snapshot's end clears each stripe's pre-images after it ends
+            // in the value log, so an answer given under a stripe stays
+            // true for that stripe until it is let go.
+            let snapshot = self.vlog.snapshot_running();
             let (mut live, mut sizes) = (Vec::new(), Vec::new());
             for c in &batch.records {
                 let stripe = held.of(&c.key);
@@ -157,7 +162,8 @@ impl Inner {
                     continue; // superseded or deleted: dead
                 };
                 if loc.expired(now) {
-                    stripe.set(&c.key, None, false);
+                    // A running BGSAVE still dumps it if it was live then.
+                    stripe.set(&c.key, None, snapshot);
                     self.vlog.add_live(-i64::from(loc.size));
                     self.index.count(-1);
                     done.expired += 1;
@@ -200,14 +206,18 @@ impl Inner {
                 }
             });
             // Repointed one key at a time: each check-and-set stands alone,
-            // and a request waits for one key's, not for the batch's. A
-            // snapshot that started since the placement needs the originals
-            // as well, so ask again. (One that starts during the loop sees
-            // the copies, placed before it began and whole.)
-            let snapshot = self.vlog.snapshot_running();
+            // and a request waits for one key's, not for the batch's.
+            // Whether a snapshot needs the original is asked under each
+            // key's stripe: one may have started or ended since the
+            // placement, and its end clears the stripes one by one (asked
+            // once for the batch, a stripe already cleared got a pre-image
+            // no one clears, and the next BGSAVE read the key as of a
+            // record cleaned away). One that starts during the loop sees the
+            // copies, placed before it began and whole.
             let _ceiling = context::ceiling();
             for (c, &addr) in live.iter().zip(&placed.addrs) {
                 let mut stripe = self.index.lock(Index::stripe_of(&c.key));
+                let snapshot = self.vlog.snapshot_running();
                 // Written or deleted meanwhile: the copy is dead, and what
                 // replaced the original comes after it in the log.
                 let Some(loc) = stripe.get(&c.key).filter(|l| l.addr == c.addr) else {
@@ -500,5 +510,175 @@ pub(super) mod tests {
         for k in &keys {
             assert_eq!(e.get(k).unwrap(), Some(val.to_vec()), "{k:?}");
         }
+    }
+
+    fn wait_until(what: &str, done: impl Fn() -> bool) {
+        let start = std::time::Instant::now();
+        while !done() {
+            assert!(
+                start.elapsed() < std::time::Duration::from_secs(30),
+                "never: {what}"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    }
+
+    fn dump_keys(e: &Engine) -> Vec<Vec<u8>> {
+        let mut k: Vec<Vec<u8>> = e.read_dump().unwrap().into_iter().map(|x| x.key).collect();
+        k.sort();
+        k
+    }
+
+    /// The cleaner repoints a key to its copy just as a BGSAVE ends (the
+    /// end clears the stripes' pre-images one stripe at a time): it saves
+    /// no pre-image under a stripe the end has passed, so the next BGSAVE
+    /// dumps every live key.
+    #[test]
+    fn a_repoint_racing_the_end_of_a_bgsave_leaves_the_next_dump_whole() {
+        use std::sync::mpsc;
+        use std::time::Duration;
+
+        use crate::engine::index::Index;
+        let dev = Arc::new(MemDevice::new(32 << 20));
+        let e = Arc::new(open(&dev));
+        let k2 = b"key-two".to_vec();
+        let s2 = Index::stripe_of(&k2);
+        let k3 = (0..10_000)
+            .map(|i| format!("key3-{i}").into_bytes())
+            .find(|k| Index::stripe_of(k) < s2)
+            .expect("a key of a lower stripe");
+        let s3 = Index::stripe_of(&k3);
+        let x = (0..10_000)
+            .map(|i| format!("x-{i}").into_bytes())
+            .find(|k| ![s2, s3].contains(&Index::stripe_of(k)))
+            .expect("a key of another stripe");
+        let sx = Index::stripe_of(&x);
+        e.set(&k2, b"two", SetOptions::default()).unwrap();
+        e.set(&k3, b"three", SetOptions::default()).unwrap();
+        let upto = e.inner.vlog.head();
+        e.set(&x, b"x", SetOptions::default()).unwrap();
+        // A BGSAVE held at x's record, after k2's and k3's.
+        let gx = e.inner.index.lock(sx);
+        e.bgsave().unwrap();
+        wait_until("the dump passed k2 and k3", || {
+            e.background_progress()
+                .0
+                .is_some_and(|p| p.keys_processed == 2)
+        });
+        let (at_tx, at_rx) = mpsc::channel();
+        let (go_tx, go_rx) = mpsc::channel::<()>();
+        let cleaner = {
+            let e = e.clone();
+            std::thread::spawn(move || {
+                BEFORE_REPOINT.with(|h| {
+                    *h.borrow_mut() = Some(Box::new(move || {
+                        at_tx.send(()).unwrap();
+                        go_rx.recv().unwrap();
+                    }))
+                });
+                let done = e.inner.clean(upto, None).unwrap();
+                BEFORE_REPOINT.with(|h| h.borrow_mut().take());
+                done.copied
+            })
+        };
+        at_rx.recv().unwrap(); // copies placed and filled, not repointed
+        let g2 = e.inner.index.lock(s2);
+        go_tx.send(()).unwrap(); // the cleaner waits for k2's stripe
+        std::thread::sleep(Duration::from_millis(100));
+        drop(gx); // the dump ends and clears the stripes up to s2
+        wait_until("the snapshot ended in the value log", || {
+            !e.inner.vlog.snapshot_running()
+        });
+        std::thread::sleep(Duration::from_millis(100));
+        drop(g2);
+        assert_eq!(cleaner.join().unwrap(), 2);
+        wait_until("the BGSAVE ends", || {
+            e.background_running() == (false, false)
+        });
+        let mut all = vec![k2.clone(), k3.clone(), x.clone()];
+        all.sort();
+        assert_eq!(dump_keys(&e), all);
+        e.bgsave().unwrap();
+        wait_until("the second BGSAVE ends", || {
+            e.background_running() == (false, false)
+        });
+        assert_eq!(dump_keys(&e), all, "the second dump lost a live key");
+    }
+
+    /// A key live when BGSAVE was called that expires while the dump runs,
+    /// and that the cleaner drops meanwhile, is in the dump (the dump
+    /// keeps what was live as it began, as a fork would).
+    #[test]
+    fn a_key_the_cleaner_drops_as_expired_during_a_bgsave_is_still_dumped() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        use std::sync::mpsc;
+        use std::time::Duration;
+
+        use crate::engine::index::Index;
+        use crate::engine::ops::now_ms;
+        let dev = Arc::new(MemDevice::new(32 << 20));
+        let e = Arc::new(open(&dev));
+        let a = b"a-dead".to_vec();
+        let sa = Index::stripe_of(&a);
+        let fs: Vec<Vec<u8>> = (0..10_000)
+            .map(|i| format!("f{i}").into_bytes())
+            .filter(|k| Index::stripe_of(k) != sa)
+            .take(31)
+            .collect();
+        let k = (0..10_000)
+            .map(|i| format!("k{i}").into_bytes())
+            .find(|k| Index::stripe_of(k) != sa)
+            .expect("a key of another stripe");
+        e.set(&a, b"dead", SetOptions::default()).unwrap();
+        for f in &fs {
+            e.set(f, b"f", SetOptions::default()).unwrap();
+        }
+        let expire = now_ms() + 500;
+        let ttl = SetOptions {
+            expire_at_ms: Some(expire),
+            ..SetOptions::default()
+        };
+        e.set(&k, b"ttl", ttl).unwrap();
+        e.del(&[&a[..]]).unwrap();
+        let upto = e.inner.vlog.head();
+        let (at_tx, at_rx) = mpsc::channel();
+        let (go_tx, go_rx) = mpsc::channel::<()>();
+        let cleaner = {
+            let e = e.clone();
+            std::thread::spawn(move || {
+                let calls = AtomicUsize::new(0);
+                BEFORE_REPOINT.with(|h| {
+                    *h.borrow_mut() = Some(Box::new(move || {
+                        if calls.fetch_add(1, Ordering::SeqCst) == 0 {
+                            at_tx.send(()).unwrap();
+                            go_rx.recv().unwrap();
+                        }
+                    }))
+                });
+                let done = e.inner.clean(upto, None).unwrap();
+                BEFORE_REPOINT.with(|h| h.borrow_mut().take());
+                done
+            })
+        };
+        at_rx.recv().unwrap(); // the first batch placed, not repointed
+                               // The BGSAVE is held at a's stripe (its dead record comes first).
+        let ga = e.inner.index.lock(sa);
+        let called = now_ms();
+        e.bgsave().unwrap();
+        assert!(called < expire, "k is live when BGSAVE is called");
+        while now_ms() <= expire + 50 {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        go_tx.send(()).unwrap();
+        let done = cleaner.join().unwrap();
+        assert_eq!(done.expired, 1, "the cleaner dropped k as expired");
+        drop(ga);
+        wait_until("the BGSAVE ends", || {
+            e.background_running() == (false, false)
+        });
+        assert!(
+            dump_keys(&e).contains(&k),
+            "k was live when BGSAVE was called, but is not in the dump"
+        );
     }
 }
