@@ -351,6 +351,100 @@ fn a_flush_whose_page_was_written_does_not_wait_for_other_files_earlier_runs() {
     assert!(a_held, "a's writes were still held when b's flush returned");
 }
 
+/// A device that fails every write below `bad_end` and does the rest on
+/// memory.
+struct FailLow {
+    mem: MemDevice,
+    info: critio::device::DeviceInfo,
+    bad_end: u64,
+}
+
+impl Device for FailLow {
+    fn info(&self) -> &critio::device::DeviceInfo {
+        &self.info
+    }
+
+    fn submit(&self, cmd: critio::device::Command, done: critio::device::Completer) {
+        if cmd.op == Op::Write && cmd.offset < self.bad_end {
+            let offset = cmd.offset;
+            return done(critio::device::Completion {
+                result: Err(critio::device::DeviceError::Io {
+                    device: "faillow".into(),
+                    op: Op::Write,
+                    offset,
+                    source: std::io::Error::other("bad sector"),
+                }),
+                buf: cmd.buf,
+            });
+        }
+        self.mem.submit(cmd, done)
+    }
+}
+
+/// A background writer throttled on its class's dirty pages, whose
+/// writeback keeps failing, gets the device's error even while a
+/// foreground writer's pages of another file write back fine (failures
+/// are kept per class, as dirty limits are).
+#[test]
+fn a_writer_throttled_on_failing_writeback_gets_the_error_while_other_writeback_succeeds() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let mem = MemDevice::new(8 * MIB);
+    let info = mem.info().clone();
+    let dev: Arc<dyn Device> = Arc::new(FailLow {
+        mem,
+        info,
+        bad_end: MIB,
+    });
+    let cache = cache_over(
+        dev,
+        CacheConfig {
+            capacity_bytes: 4 * MIB, // 1024 pages: a background limit of 10
+            dirty_expire_ms: 5,
+            ..CacheConfig::default()
+        },
+    );
+    let bad = cache.add_file("bad", 0, MIB).unwrap();
+    let good = cache.add_file("good", 4 * MIB, MIB).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let foreground = std::thread::spawn({
+        let (cache, stop) = (cache.clone(), stop.clone());
+        move || {
+            context::set_foreground();
+            let mut p = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                cache
+                    .write(good, (p % 200) * PAGE as u64, &page(7))
+                    .unwrap();
+                p += 1;
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+    });
+    std::thread::sleep(Duration::from_millis(100));
+    let (tx, rx) = channel();
+    let background = std::thread::spawn({
+        let cache = cache.clone();
+        move || {
+            let r = (0..11u64).try_for_each(|p| cache.write(bad, p * PAGE as u64, &page(1)));
+            tx.send(r.map_err(|e| e.to_string())).unwrap();
+        }
+    });
+    let got = rx.recv_timeout(Duration::from_secs(10));
+    stop.store(true, Ordering::Relaxed);
+    foreground.join().unwrap();
+    let late = got
+        .is_err()
+        .then(|| rx.recv_timeout(Duration::from_secs(30)));
+    background.join().unwrap();
+    match got {
+        Ok(Err(e)) => assert!(e.contains("bad sector"), "{e}"),
+        Ok(Ok(())) => panic!("the bad file's writes did not fail"),
+        Err(_) => panic!(
+            "still throttled 10 s into the other file's good writeback; once it stopped: {late:?}"
+        ),
+    }
+}
+
 #[test]
 fn a_flushed_file_survives_a_new_cache_and_bad_ranges_are_errors() {
     let dev: Arc<dyn Device> = Arc::new(MemDevice::new(8 * MIB));

@@ -105,7 +105,7 @@ pub(crate) struct Frame {
     pub(crate) state: State,
     referenced: bool,
     /// The class the page counts against while dirty or under writeback.
-    class: Class,
+    pub(crate) class: Class,
     dirtied_at: Nanos,
     /// Bumped by every write; a writeback records the value it copied.
     pub(crate) write_seq: u64,

@@ -178,8 +178,11 @@ pub(crate) struct Inner {
     files: RwLock<Vec<FileInfo>>,
     throttle: Arc<Throttle>,
     counters: Counters,
-    /// The last writeback failure, until a later writeback succeeds.
-    wb_error: Mutex<Option<BlockError>>,
+    /// Per class: the last failure to write back pages counted against
+    /// it, until a later writeback of its pages succeeds. Per class, as
+    /// dirty limits are: a writer throttled on pages that keep failing is
+    /// told, however well another class's writeback goes.
+    wb_error: Mutex<[Option<BlockError>; 2]>,
 }
 
 /// A page cache over one block layer. Dropping it stops its writeback
@@ -258,7 +261,7 @@ impl PageCache {
             files: RwLock::new(Vec::new()),
             throttle: Arc::new(Throttle::new(metrics.clone())),
             counters: Counters::default(),
-            wb_error: Mutex::new(None),
+            wb_error: Mutex::new([None, None]),
         });
         let writeback = {
             let inner = inner.clone();
@@ -801,12 +804,13 @@ impl Inner {
     /// or fails with the device's error if writeback is failing (a dead or
     /// full device would otherwise keep the writer waiting forever).
     fn throttle_wait(&self) -> Result<(), CacheError> {
-        let done = || self.may_dirty(context::current_class()) || self.wb_error.lock().is_some();
+        let failed = || self.wb_error.lock()[context::current_class().index()].clone();
+        let done = || self.may_dirty(context::current_class()) || failed().is_some();
         self.throttle.wait(done, || self.kick());
         if self.may_dirty(context::current_class()) {
             return Ok(());
         }
-        match self.wb_error.lock().clone() {
+        match failed() {
             Some(e) => Err(e.into()),
             None => Ok(()),
         }

@@ -37,6 +37,8 @@ const ERROR_BACKOFF: Duration = Duration::from_millis(20);
 pub(crate) struct Run {
     shard: usize,
     pages: Vec<usize>,
+    /// The classes its pages count against.
+    classes: [bool; 2],
     offset: u64,
     buf: AlignedBuf,
     pending: Arc<PendingIo>,
@@ -46,6 +48,7 @@ pub(crate) struct Run {
 pub(crate) struct Submitted {
     shard: usize,
     pages: Vec<usize>,
+    classes: [bool; 2],
     pending: Arc<PendingIo>,
     io: Result<IoHandle, BlockError>,
 }
@@ -82,6 +85,7 @@ impl Inner {
                 runs.push(Run {
                     shard,
                     pages: Vec::new(),
+                    classes: [false; 2],
                     offset: self.device_offset(key),
                     buf: AlignedBuf::zeroed(0),
                     pending: PendingIo::new(WRITEBACK_POINT, context::current(), &self.sync),
@@ -90,6 +94,7 @@ impl Inner {
             let r = runs.len() - 1;
             run_of.insert(i, r);
             runs[r].pages.push(i);
+            runs[r].classes[core.frames.frame(i).class.index()] = true;
             last = Some(key);
         }
         for &i in &frames {
@@ -121,6 +126,7 @@ impl Inner {
         Submitted {
             shard: run.shard,
             pages: run.pages,
+            classes: run.classes,
             pending: run.pending,
             io,
         }
@@ -146,12 +152,18 @@ impl Inner {
             if ok {
                 c.writeback_pages
                     .fetch_add(run.pages.len() as u64, Ordering::Relaxed);
-                *self.wb_error.lock() = None;
             } else {
                 c.writeback_errors.fetch_add(1, Ordering::Relaxed);
             }
+            {
+                let mut errors = self.wb_error.lock();
+                for (class, of_run) in errors.iter_mut().zip(run.classes) {
+                    if of_run {
+                        *class = result.as_ref().err().cloned();
+                    }
+                }
+            }
             if let Err(e) = result {
-                *self.wb_error.lock() = Some(e.clone());
                 first_err.get_or_insert(e);
             }
         }
