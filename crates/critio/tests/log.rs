@@ -1059,6 +1059,23 @@ fn a_foreground_commit_makes_the_busy_log_writer_critical() {
 }
 
 /// Appends `payload` from a foreground thread that does not commit it.
+/// Appends `body(lsn, len)` for each of `lsns` from a foreground task that
+/// leaves them to a commit (its appends do not call the writer); returns
+/// the last LSN.
+fn append_bodies_in_foreground(
+    log: &Arc<Log>,
+    lsns: std::ops::RangeInclusive<Lsn>,
+    len: usize,
+) -> Lsn {
+    let log = log.clone();
+    std::thread::spawn(move || {
+        context::set_foreground();
+        lsns.fold(0, |_, lsn| log.append(&body(lsn, len)).unwrap())
+    })
+    .join()
+    .unwrap()
+}
+
 fn append_in_foreground(log: &Arc<Log>, payload: &'static [u8]) -> Lsn {
     let log = log.clone();
     std::thread::spawn(move || {
@@ -1237,19 +1254,7 @@ fn a_truncation_past_records_the_full_ring_cannot_place_drops_the_durable_ones_f
     // appended by a foreground task that leaves them to its commit. As
     // batches of three (two blocks), three (two) and one (one), they need
     // five blocks of the four.
-    let last = {
-        let log = log.clone();
-        std::thread::spawn(move || {
-            context::set_foreground();
-            let mut last = 0;
-            for lsn in 12..=18 {
-                last = log.append(&body(lsn, 2080)).unwrap();
-            }
-            last
-        })
-        .join()
-        .unwrap()
-    };
+    let last = append_bodies_in_foreground(&log, 12..=18, 2080);
     assert_eq!(last, 18);
     let (tx, rx) = mpsc::channel();
     {
@@ -1301,19 +1306,7 @@ fn a_truncation_past_more_records_than_the_ring_holds_once_batched_completes() {
     // one per 4 KiB batch they need 29 ring blocks of the 15. Appended by
     // a foreground task that leaves them to a commit (the writer is not
     // called).
-    let last = {
-        let log = log.clone();
-        std::thread::spawn(move || {
-            context::set_foreground();
-            let mut last = 0;
-            for lsn in 1..=29 {
-                last = log.append(&body(lsn, 2080)).unwrap();
-            }
-            last
-        })
-        .join()
-        .unwrap()
-    };
+    let last = append_bodies_in_foreground(&log, 1..=29, 2080);
     assert_eq!(last, 29);
     let (tx, rx) = mpsc::channel();
     {

@@ -523,6 +523,14 @@ pub(super) mod tests {
         }
     }
 
+    /// The first key `{prefix}{i}` whose index stripe passes `ok`.
+    fn key_with_stripe(prefix: &str, ok: impl Fn(usize) -> bool) -> Vec<u8> {
+        (0..10_000)
+            .map(|i| format!("{prefix}{i}").into_bytes())
+            .find(|k| ok(crate::engine::index::Index::stripe_of(k)))
+            .expect("a key of such a stripe")
+    }
+
     fn dump_keys(e: &Engine) -> Vec<Vec<u8>> {
         let mut k: Vec<Vec<u8>> = e.read_dump().unwrap().into_iter().map(|x| x.key).collect();
         k.sort();
@@ -543,15 +551,9 @@ pub(super) mod tests {
         let e = Arc::new(open(&dev));
         let k2 = b"key-two".to_vec();
         let s2 = Index::stripe_of(&k2);
-        let k3 = (0..10_000)
-            .map(|i| format!("key3-{i}").into_bytes())
-            .find(|k| Index::stripe_of(k) < s2)
-            .expect("a key of a lower stripe");
+        let k3 = key_with_stripe("key3-", |s| s < s2);
         let s3 = Index::stripe_of(&k3);
-        let x = (0..10_000)
-            .map(|i| format!("x-{i}").into_bytes())
-            .find(|k| ![s2, s3].contains(&Index::stripe_of(k)))
-            .expect("a key of another stripe");
+        let x = key_with_stripe("x-", |s| ![s2, s3].contains(&s));
         let sx = Index::stripe_of(&x);
         e.set(&k2, b"two", SetOptions::default()).unwrap();
         e.set(&k3, b"three", SetOptions::default()).unwrap();
@@ -625,10 +627,7 @@ pub(super) mod tests {
             .filter(|k| Index::stripe_of(k) != sa)
             .take(31)
             .collect();
-        let k = (0..10_000)
-            .map(|i| format!("k{i}").into_bytes())
-            .find(|k| Index::stripe_of(k) != sa)
-            .expect("a key of another stripe");
+        let k = key_with_stripe("k", |s| s != sa);
         e.set(&a, b"dead", SetOptions::default()).unwrap();
         for f in &fs {
             e.set(f, b"f", SetOptions::default()).unwrap();
