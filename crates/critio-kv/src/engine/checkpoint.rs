@@ -37,7 +37,20 @@ const CHECKPOINTER_TICK: Duration = Duration::from_millis(50);
 pub(crate) struct State {
     seq: u64,
     pub(crate) requested: bool,
+    /// A writer was refused for the live-data limit: a pass over the value
+    /// log drops the expired keys, which count as live data until the
+    /// cleaner drops them ([`Inner::sweep_expired`]).
+    pub(crate) sweep: bool,
+    /// No sweep before this: each sweep that drops nothing doubles the
+    /// gap (up to [`SWEEP_GAP_MAX`]), so a store full of live keys is not
+    /// rewritten over and over while writers keep being refused.
+    sweep_after: Option<Instant>,
+    sweep_gap: Duration,
 }
+
+/// The gap after a sweep that dropped expired keys, and the longest.
+const SWEEP_GAP_MIN: Duration = Duration::from_secs(1);
+const SWEEP_GAP_MAX: Duration = Duration::from_secs(64);
 
 /// Background jobs in progress.
 #[derive(Default)]
@@ -160,6 +173,9 @@ pub struct BackgroundStats {
     pub cleaned_records: u64,
     /// Value-log bytes the cleaner went through in all.
     pub cleaned_bytes: u64,
+    /// Passes over the value log that dropped expired keys because a
+    /// writer was refused for the live-data limit.
+    pub expiry_sweeps: u64,
     /// The last background error, if any.
     pub last_error: Option<String>,
 }
@@ -265,6 +281,9 @@ impl Engine {
                 State {
                     seq: sb.map_or(0, |s| s.seq),
                     requested: false,
+                    sweep: false,
+                    sweep_after: None,
+                    sweep_gap: SWEEP_GAP_MIN,
                 },
                 opts("kv: checkpoint"),
             ),
@@ -608,6 +627,11 @@ impl Inner {
                     self.bg.lock().stats.last_error = Some(format!("cleaner: {e}"));
                 }
             }
+            if self.sweep_due() {
+                if let Err(e) = self.sweep_expired() {
+                    self.bg.lock().stats.last_error = Some(format!("expiry sweep: {e}"));
+                }
+            }
             let log_full = self.log.used_pct() >= self.cfg.checkpoint_log_pct as f64;
             let due = !interval.is_zero() && last.elapsed() >= interval;
             let requested = std::mem::take(&mut self.ckpt.lock().requested);
@@ -618,6 +642,38 @@ impl Inner {
                 last = Instant::now();
             }
         }
+    }
+
+    /// Whether a sweep was asked for and its gap has passed (it is then
+    /// no longer asked for).
+    fn sweep_due(&self) -> bool {
+        let mut st = self.ckpt.lock();
+        let due = st.sweep && st.sweep_after.is_none_or(|t| Instant::now() >= t);
+        if due {
+            st.sweep = false;
+        }
+        due
+    }
+
+    /// Drops the expired keys: one cleaning pass over the whole value log
+    /// (live records are copied to the head, as BGREWRITEAOF does), then a
+    /// checkpoint, so the space and the live-data budget they held come
+    /// back. Expired keys count as live data until the cleaner drops them,
+    /// and it otherwise runs only when the log is short of space: a store
+    /// whose live data had all expired refused new keys for good.
+    pub(crate) fn sweep_expired(&self) -> Result<u64, EngineError> {
+        let done = self.clean(self.vlog.head(), None)?;
+        self.checkpoint()?;
+        let mut st = self.ckpt.lock();
+        st.sweep_gap = if done.expired > 0 {
+            SWEEP_GAP_MIN
+        } else {
+            (st.sweep_gap * 2).min(SWEEP_GAP_MAX)
+        };
+        st.sweep_after = Some(Instant::now() + st.sweep_gap);
+        drop(st);
+        self.bg.lock().stats.expiry_sweeps += 1;
+        Ok(done.expired)
     }
 
     /// Starts BGSAVE (`snapshot`) or BGREWRITEAOF on a thread of its own.

@@ -680,4 +680,59 @@ pub(super) mod tests {
             "k was live when BGSAVE was called, but is not in the dump"
         );
     }
+
+    /// Expired keys count as live data until the cleaner drops them: once
+    /// every key of a store at its live-data limit has expired, a write
+    /// refused for the limit makes the checkpointer sweep them out, and
+    /// writes are taken again.
+    #[test]
+    fn a_store_full_of_expired_keys_takes_writes_again_after_a_sweep() {
+        use std::time::{Duration, Instant};
+
+        use crate::engine::ops::now_ms;
+        use crate::engine::EngineError;
+        let dev = Arc::new(MemDevice::new(32 << 20));
+        let e = open(&dev);
+        let value = vec![5u8; 16 << 10];
+        let expire = now_ms() + 1000;
+        let ttl = SetOptions {
+            expire_at_ms: Some(expire),
+            ..SetOptions::default()
+        };
+        let mut n = 0;
+        loop {
+            match e.set(format!("ttl{n}").as_bytes(), &value, ttl) {
+                Ok(_) => n += 1,
+                Err(EngineError::NoSpace) => break,
+                Err(err) => panic!("{err}"),
+            }
+        }
+        assert!(n > 100, "{n} keys fill the live-data limit");
+        while now_ms() <= expire {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let start = Instant::now();
+        let mut refused = 0;
+        loop {
+            match e.set(b"fresh", &value, SetOptions::default()) {
+                Ok(_) => break,
+                Err(EngineError::NoSpace) => refused += 1,
+                Err(err) => panic!("{err}"),
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "still refused after 20 s ({refused} tries), live {}",
+                e.inner.vlog.live()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert!(refused >= 1, "the first write after the expiry was refused");
+        // (taken as soon as the sweep, still going, freed enough)
+        wait_until("the sweep ends", || e.background_stats().expiry_sweeps >= 1);
+        assert_eq!(e.get(b"fresh").unwrap(), Some(value.clone()));
+        for i in (0..n).step_by(37) {
+            assert_eq!(e.get(format!("ttl{i}").as_bytes()).unwrap(), None);
+        }
+        e.close().unwrap();
+    }
 }

@@ -296,10 +296,13 @@ impl Inner {
             let enc = Encoded::of(&ops);
             let growth = live_growth(&ops, &enc, &mut held);
             let bytes = enc.bytes.len() as u64;
-            let Some(mut res) = self
+            let reserved = self
                 .vlog
-                .try_reserve(bytes, enc.largest(), growth, Who::Writer)?
-            else {
+                .try_reserve(bytes, enc.largest(), growth, Who::Writer);
+            if matches!(reserved, Err(EngineError::NoSpace)) {
+                self.want_sweep(); // expired keys may hold the budget
+            }
+            let Some(mut res) = reserved? else {
                 drop(held);
                 self.vlog
                     .wait_for_space(bytes, enc.largest(), || self.want_cleaning());
@@ -361,6 +364,17 @@ impl Inner {
     pub(crate) fn want_cleaning(&self) {
         self.ckpt.lock().requested = true;
         self.ckpt_cv.notify_all();
+    }
+
+    /// Asks the checkpointer to drop expired keys (a writer was refused
+    /// for the live-data limit, which they count against).
+    pub(crate) fn want_sweep(&self) {
+        let mut st = self.ckpt.lock();
+        if !st.sweep {
+            st.sweep = true;
+            drop(st);
+            self.ckpt_cv.notify_all();
+        }
     }
 }
 

@@ -294,6 +294,7 @@ fn persistence(s: &Shared, out: &mut String) {
     kv(out, "current_save_keys_total", at.keys_total);
     kv(out, "vlog_cleaned_records", b.cleaned_records);
     kv(out, "vlog_cleaned_bytes", b.cleaned_bytes);
+    kv(out, "vlog_expiry_sweeps", b.expiry_sweeps);
     kv(
         out,
         "last_background_error",
