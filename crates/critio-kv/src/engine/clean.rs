@@ -537,13 +537,44 @@ pub(super) mod tests {
         k
     }
 
+    /// Cleans up to `upto` on a thread of its own that stops before its
+    /// first batch's repoint: it says so on the receiver, and goes on when
+    /// the sender sends.
+    fn cleaner_paused_before_its_first_repoint(
+        e: &Arc<Engine>,
+        upto: u64,
+    ) -> (
+        std::thread::JoinHandle<super::Cleaned>,
+        std::sync::mpsc::Receiver<()>,
+        std::sync::mpsc::Sender<()>,
+    ) {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let (at_tx, at_rx) = std::sync::mpsc::channel();
+        let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+        let e = e.clone();
+        let cleaner = std::thread::spawn(move || {
+            let paused = AtomicBool::new(false);
+            BEFORE_REPOINT.with(|h| {
+                *h.borrow_mut() = Some(Box::new(move || {
+                    if !paused.swap(true, Ordering::SeqCst) {
+                        at_tx.send(()).unwrap();
+                        go_rx.recv().unwrap();
+                    }
+                }))
+            });
+            let done = e.inner.clean(upto, None).unwrap();
+            BEFORE_REPOINT.with(|h| h.borrow_mut().take());
+            done
+        });
+        (cleaner, at_rx, go_tx)
+    }
+
     /// The cleaner repoints a key to its copy just as a BGSAVE ends (the
     /// end clears the stripes' pre-images one stripe at a time): it saves
     /// no pre-image under a stripe the end has passed, so the next BGSAVE
     /// dumps every live key.
     #[test]
     fn a_repoint_racing_the_end_of_a_bgsave_leaves_the_next_dump_whole() {
-        use std::sync::mpsc;
         use std::time::Duration;
 
         use crate::engine::index::Index;
@@ -567,22 +598,7 @@ pub(super) mod tests {
                 .0
                 .is_some_and(|p| p.keys_processed == 2)
         });
-        let (at_tx, at_rx) = mpsc::channel();
-        let (go_tx, go_rx) = mpsc::channel::<()>();
-        let cleaner = {
-            let e = e.clone();
-            std::thread::spawn(move || {
-                BEFORE_REPOINT.with(|h| {
-                    *h.borrow_mut() = Some(Box::new(move || {
-                        at_tx.send(()).unwrap();
-                        go_rx.recv().unwrap();
-                    }))
-                });
-                let done = e.inner.clean(upto, None).unwrap();
-                BEFORE_REPOINT.with(|h| h.borrow_mut().take());
-                done.copied
-            })
-        };
+        let (cleaner, at_rx, go_tx) = cleaner_paused_before_its_first_repoint(&e, upto);
         at_rx.recv().unwrap(); // copies placed and filled, not repointed
         let g2 = e.inner.index.lock(s2);
         go_tx.send(()).unwrap(); // the cleaner waits for k2's stripe
@@ -593,7 +609,7 @@ pub(super) mod tests {
         });
         std::thread::sleep(Duration::from_millis(100));
         drop(g2);
-        assert_eq!(cleaner.join().unwrap(), 2);
+        assert_eq!(cleaner.join().unwrap().copied, 2);
         wait_until("the BGSAVE ends", || {
             e.background_running() == (false, false)
         });
@@ -612,8 +628,6 @@ pub(super) mod tests {
     /// keeps what was live as it began, as a fork would).
     #[test]
     fn a_key_the_cleaner_drops_as_expired_during_a_bgsave_is_still_dumped() {
-        use std::sync::atomic::{AtomicUsize, Ordering};
-        use std::sync::mpsc;
         use std::time::Duration;
 
         use crate::engine::index::Index;
@@ -640,25 +654,7 @@ pub(super) mod tests {
         e.set(&k, b"ttl", ttl).unwrap();
         e.del(&[&a[..]]).unwrap();
         let upto = e.inner.vlog.head();
-        let (at_tx, at_rx) = mpsc::channel();
-        let (go_tx, go_rx) = mpsc::channel::<()>();
-        let cleaner = {
-            let e = e.clone();
-            std::thread::spawn(move || {
-                let calls = AtomicUsize::new(0);
-                BEFORE_REPOINT.with(|h| {
-                    *h.borrow_mut() = Some(Box::new(move || {
-                        if calls.fetch_add(1, Ordering::SeqCst) == 0 {
-                            at_tx.send(()).unwrap();
-                            go_rx.recv().unwrap();
-                        }
-                    }))
-                });
-                let done = e.inner.clean(upto, None).unwrap();
-                BEFORE_REPOINT.with(|h| h.borrow_mut().take());
-                done
-            })
-        };
+        let (cleaner, at_rx, go_tx) = cleaner_paused_before_its_first_repoint(&e, upto);
         at_rx.recv().unwrap(); // the first batch placed, not repointed
                                // The BGSAVE is held at a's stripe (its dead record comes first).
         let ga = e.inner.index.lock(sa);
