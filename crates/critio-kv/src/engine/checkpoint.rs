@@ -661,7 +661,7 @@ impl Inner {
     /// back. Expired keys count as live data until the cleaner drops them,
     /// and it otherwise runs only when the log is short of space: a store
     /// whose live data had all expired refused new keys for good.
-    pub(crate) fn sweep_expired(&self) -> Result<u64, EngineError> {
+    pub(crate) fn sweep_expired(&self) -> Result<(), EngineError> {
         let done = self.clean(self.vlog.head(), None)?;
         self.checkpoint()?;
         let mut st = self.ckpt.lock();
@@ -673,7 +673,7 @@ impl Inner {
         st.sweep_after = Some(Instant::now() + st.sweep_gap);
         drop(st);
         self.bg.lock().stats.expiry_sweeps += 1;
-        Ok(done.expired)
+        Ok(())
     }
 
     /// Starts BGSAVE (`snapshot`) or BGREWRITEAOF on a thread of its own.
