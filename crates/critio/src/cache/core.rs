@@ -65,6 +65,10 @@ impl PageHasher {
     }
 }
 
+/// How many referenced clean pages one allocation may give a second
+/// chance to before it evicts the next one regardless ([`Frames::alloc`]).
+pub(crate) const CLOCK_PASSES_MAX: usize = 32;
+
 type PageMap = HashMap<PageKey, u32, BuildHasherDefault<PageHasher>>;
 
 pub(crate) enum State {
@@ -267,8 +271,11 @@ impl Frames {
     /// first clean frame not referenced since it last came round (second
     /// chance: a referenced one loses its bit and goes to the back), else
     /// the oldest writeback to wait for, else the oldest dirty page to
-    /// reclaim, else a load to wait for. Amortized O(1): every frame passed
-    /// over had its bit set by an access since.
+    /// reclaim, else a load to wait for. O(1): one allocation passes over
+    /// at most [`CLOCK_PASSES_MAX`] referenced pages, then takes the next
+    /// clean page whatever its bit (without the bound, a part whose clean
+    /// pages were all used since the hand last came round would be walked
+    /// whole, under its lock, by the one miss that found them so).
     pub(crate) fn alloc(&mut self, key: PageKey) -> Alloc {
         assert!(
             !self.map.contains_key(&key),
@@ -280,9 +287,11 @@ impl Frames {
                 return self.claim(i, key);
             }
         }
+        let mut passed = 0;
         while let Some(i) = self.lists.pop_front(ListId::Clean) {
             let f = &mut self.frames[i];
-            if f.referenced {
+            if f.referenced && passed < CLOCK_PASSES_MAX {
+                passed += 1;
                 f.referenced = false;
                 self.lists.push_back(ListId::Clean, i);
                 continue;
@@ -627,6 +636,41 @@ mod tests {
         assert_ne!(i, dirty, "a dirty page is never evicted");
         assert!(f.lookup(key(9)).is_some());
         assert_eq!(f.lookup(key(0)), Some(dirty));
+        f.check_invariants();
+    }
+
+    #[test]
+    fn one_allocation_passes_over_a_bounded_number_of_referenced_pages() {
+        const N: u64 = 1000;
+        let mut f = Frames::new(N as usize, 16);
+        fill(&mut f, 0..N);
+        for p in 0..N {
+            let i = f.lookup(key(p)).unwrap();
+            f.touch(i);
+        }
+        let Alloc::Frame(_) = f.alloc(key(N)) else {
+            panic!("expected a frame")
+        };
+        let cleared = (0..N)
+            .filter_map(|p| f.lookup(key(p)))
+            .filter(|&i| !f.frames[i].referenced)
+            .count();
+        assert_eq!(
+            cleared, CLOCK_PASSES_MAX,
+            "one miss gives a bounded number of second chances, not a walk of the part"
+        );
+        assert_eq!(
+            f.lookup(key(CLOCK_PASSES_MAX as u64)),
+            None,
+            "the page after them is evicted"
+        );
+        // Each allocation is bounded alike; the pages passed over went to
+        // the back, so they outlive the next ones.
+        let Alloc::Frame(_) = f.alloc(key(N + 1)) else {
+            panic!("expected a frame")
+        };
+        assert_eq!(f.lookup(key(2 * CLOCK_PASSES_MAX as u64 + 1)), None);
+        assert!(f.lookup(key(0)).is_some());
         f.check_invariants();
     }
 
