@@ -581,6 +581,11 @@ impl Inner {
     fn checkpoint_locked(&self, st: &mut State) -> Result<u64, EngineError> {
         let (lsn, (tail, head)) = {
             let _epoch = self.epoch.write();
+            // Asked again under the lock: whoever fails the engine (a
+            // writer, the cleaner) does so while holding it shared.
+            if let Some(e) = self.failure() {
+                return Err(e);
+            }
             (self.log.next_lsn() - 1, self.vlog.boundary())
         };
         self.cache.flush_file(self.vlog.file())?;

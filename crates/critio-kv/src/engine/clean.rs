@@ -197,7 +197,17 @@ impl Inner {
             for c in &live {
                 bytes.extend_from_slice(&c.bytes);
             }
-            self.vlog.fill(&placed, &bytes)?;
+            // The head is past the copies' space now: if their bytes are
+            // not written (a failed read of the head's page, or dirty
+            // throttling on failing writeback), that space holds no records,
+            // and a checkpoint would make durable a log recovery cannot
+            // scan. The engine fails, as for a writer's failed append (before
+            // the epoch lock goes, so no checkpoint's boundary includes it);
+            // errors before the placement change nothing and are retried.
+            if let Err(e) = self.vlog.fill(&placed, &bytes) {
+                self.fail(format!("the cleaner's copies: {e}"));
+                return Err(e);
+            }
             drop(epoch);
             #[cfg(test)]
             tests::BEFORE_REPOINT.with(|hook| {
@@ -294,10 +304,11 @@ pub(super) mod tests {
 
     use critio::config::Config;
     use critio::device::mem::MemDevice;
+    use critio::device::Device;
 
     use crate::engine::record;
     use crate::engine::vlog::Flow;
-    use crate::engine::{Engine, EngineConfig, SetOptions};
+    use crate::engine::{Engine, EngineConfig, EngineError, SetOptions};
 
     thread_local! {
         /// Runs in the cleaning thread between a batch's copy and its repoint.
@@ -307,17 +318,22 @@ pub(super) mod tests {
     /// A small engine over `dev` (1 MiB cache, 4 MiB log, checkpoints only
     /// when asked or the log fills), for the engine's unit tests.
     pub(in crate::engine) fn open(dev: &Arc<MemDevice>) -> Engine {
+        open_over(dev.clone()).unwrap()
+    }
+
+    /// [`open`] over any device.
+    fn open_over(dev: Arc<dyn Device>) -> Result<Engine, EngineError> {
         let mut config = Config::default();
         config.cache.capacity_bytes = 1 << 20;
         config.context.background_nice = 0;
-        let stack = critio::Stack::over(dev.clone(), &config).unwrap();
+        let stack = critio::Stack::over(dev, &config).unwrap();
         let cfg = EngineConfig {
             log_bytes: 4 << 20,
             checkpoint_interval_ms: 0,
             value_bytes_max: 64 << 10,
             ..EngineConfig::default()
         };
-        Engine::open(&stack, cfg).unwrap()
+        Engine::open(&stack, cfg)
     }
 
     fn key(i: usize) -> Vec<u8> {
@@ -729,6 +745,90 @@ pub(super) mod tests {
         for i in (0..n).step_by(37) {
             assert_eq!(e.get(format!("ttl{i}").as_bytes()).unwrap(), None);
         }
+        e.close().unwrap();
+    }
+
+    /// A memory device whose reads at one offset fail while it is armed.
+    struct FailReadsAt {
+        mem: Arc<MemDevice>,
+        at: std::sync::atomic::AtomicU64,
+    }
+
+    impl Device for FailReadsAt {
+        fn info(&self) -> &critio::device::DeviceInfo {
+            self.mem.info()
+        }
+
+        fn submit(&self, cmd: critio::device::Command, done: critio::device::Completer) {
+            use std::sync::atomic::Ordering;
+            if cmd.op == critio::device::Op::Read && cmd.offset == self.at.load(Ordering::SeqCst) {
+                let offset = cmd.offset;
+                return done(critio::device::Completion {
+                    result: Err(critio::device::DeviceError::Io {
+                        device: "fail-reads-at".into(),
+                        op: critio::device::Op::Read,
+                        offset,
+                        source: std::io::Error::other("bad sector"),
+                    }),
+                    buf: cmd.buf,
+                });
+            }
+            self.mem.submit(cmd, done)
+        }
+    }
+
+    /// The cleaner has placed a batch's copies (the head is past them)
+    /// when writing their bytes fails: here the read of the head's page,
+    /// evicted since the last checkpoint. That space holds no records, so
+    /// the engine fails, as for a writer's failed append: no write is
+    /// acknowledged after it and no checkpoint makes that log durable. (The
+    /// error used to be only recorded: a later write was acknowledged, the
+    /// next checkpoint made that log durable, and after a crash the store
+    /// did not open, recovery's scan meeting the unwritten copies.) A
+    /// restart recovers every acknowledged key.
+    #[test]
+    fn a_failed_write_of_the_cleaners_placed_copies_fails_the_engine_and_loses_nothing() {
+        use std::sync::atomic::Ordering;
+        let dev = Arc::new(FailReadsAt {
+            mem: Arc::new(MemDevice::new(32 << 20)),
+            at: u64::MAX.into(),
+        });
+        let e = open_over(dev.clone()).unwrap();
+        let value = vec![4u8; 3000];
+        for i in 0..4 {
+            e.set(&key(i), &value, SetOptions::default()).unwrap();
+        }
+        let (page, v) = (e.inner.layout.page, &e.inner.vlog);
+        let head = v.head();
+        assert!(
+            head / page > 0 && head % page != 0,
+            "the head {head} is inside a later page"
+        );
+        // The head's page written back and evicted; reading it fails.
+        e.inner.checkpoint().unwrap();
+        e.inner.cache.drop_clean();
+        let at = e.inner.layout.data.0 + head % v.region() / page * page;
+        dev.at.store(at, Ordering::SeqCst);
+        let err = e.inner.clean(head, None).unwrap_err();
+        assert!(
+            v.head() > head,
+            "the copies were placed before the error: {err}"
+        );
+        dev.at.store(u64::MAX, Ordering::SeqCst);
+        let after = e.set(b"after", b"acked?", SetOptions::default());
+        let _ = e.save();
+        drop(e); // a crash: no final checkpoint
+        let e = open_over(dev).unwrap_or_else(|err| panic!("reopening: {err}"));
+        for i in 0..4 {
+            assert_eq!(e.get(&key(i)).unwrap(), Some(value.clone()), "key {i}");
+        }
+        if after.is_ok() {
+            assert_eq!(e.get(b"after").unwrap(), Some(b"acked?".to_vec()));
+        }
+        assert!(
+            matches!(&after, Err(EngineError::Failed(why)) if why.contains("cleaner")),
+            "a write after the cleaner's failure: {after:?}"
+        );
         e.close().unwrap();
     }
 }
