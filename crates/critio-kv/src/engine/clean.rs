@@ -706,7 +706,14 @@ pub(super) mod tests {
         let dev = Arc::new(MemDevice::new(32 << 20));
         let e = open(&dev);
         let value = vec![5u8; 16 << 10];
-        let expire = now_ms() + 1000;
+        // The fill and the sweep its refusal asks for (which finds every key
+        // live) end before the keys expire, or that sweep would drop them
+        // and nothing after the expiry would be refused: the writes are a
+        // request's (a background writer is throttled to a few dirty pages
+        // of this 1 MiB cache, and its fill took seconds), and the keys
+        // live long enough for a busy machine.
+        let _fg = critio::context::foreground();
+        let expire = now_ms() + 2000;
         let ttl = SetOptions {
             expire_at_ms: Some(expire),
             ..SetOptions::default()
@@ -720,6 +727,7 @@ pub(super) mod tests {
             }
         }
         assert!(n > 100, "{n} keys fill the live-data limit");
+        assert!(now_ms() < expire, "the fill took longer than the keys live");
         while now_ms() <= expire {
             std::thread::sleep(Duration::from_millis(20));
         }
