@@ -566,6 +566,140 @@ fn a_failed_write_poisons_the_log_and_commits_waiting_on_it_fail() {
     assert_eq!(rec.records.len(), 3);
 }
 
+/// A memory device whose next write, once armed, waits until the test
+/// lets it go and then panics, in the thread that submitted it: a bug in a
+/// device or below, hit by a committer writing its own batch.
+struct PanicOnce {
+    mem: MemDevice,
+    armed: AtomicBool,
+    entered: Mutex<Option<mpsc::Sender<()>>>,
+    go: Mutex<Option<mpsc::Receiver<()>>>,
+}
+
+impl PanicOnce {
+    /// Arms the device. Returns where the write reports its arrival, and
+    /// where the test lets it go on (and panic).
+    fn arm(&self) -> (mpsc::Receiver<()>, mpsc::Sender<()>) {
+        let (entered_tx, entered_rx) = mpsc::channel();
+        let (go_tx, go_rx) = mpsc::channel();
+        *self.entered.lock() = Some(entered_tx);
+        *self.go.lock() = Some(go_rx);
+        self.armed.store(true, Ordering::SeqCst);
+        (entered_rx, go_tx)
+    }
+
+    fn maybe_panic(&self, op: Op) {
+        if op != Op::Write || !self.armed.swap(false, Ordering::SeqCst) {
+            return;
+        }
+        let _ = self.entered.lock().take().unwrap().send(());
+        let go = self.go.lock().take().unwrap();
+        let _ = go.recv_timeout(common::PATIENCE);
+        panic!("PanicOnce: a device write panics (injected by the test)");
+    }
+}
+
+impl Device for PanicOnce {
+    fn info(&self) -> &DeviceInfo {
+        self.mem.info()
+    }
+
+    fn submit(&self, cmd: Command, done: Completer) {
+        self.maybe_panic(cmd.op);
+        self.mem.submit(cmd, done);
+    }
+
+    fn flushes_here(&self) -> bool {
+        self.mem.flushes_here()
+    }
+
+    fn flush_here(&self) -> Option<Result<(), DeviceError>> {
+        self.mem.flush_here()
+    }
+
+    fn submits_here(&self) -> bool {
+        self.mem.submits_here()
+    }
+
+    fn submit_here(&self, cmd: Command) -> Result<Completion, Command> {
+        self.maybe_panic(cmd.op);
+        self.mem.submit_here(cmd)
+    }
+}
+
+/// A foreground committer that panics while it writes its own batch (the
+/// device's write panics) poisons the log, as a failed write does: the
+/// committer waiting for that batch and every later append fail at once,
+/// instead of waiting forever for a batch left in flight, and the panic
+/// goes on in the committer's thread.
+#[test]
+fn a_committer_that_panics_in_its_batch_write_poisons_the_log() {
+    let panicky = Arc::new(PanicOnce {
+        mem: MemDevice::new(1 << 20),
+        armed: AtomicBool::new(false),
+        entered: Mutex::new(None),
+        go: Mutex::new(None),
+    });
+    let dev: Arc<dyn Device> = panicky.clone();
+    let log = Arc::new(open(&dev, &small_cfg()).0);
+    log.append_commit(b"one").unwrap();
+    let (entered, go) = panicky.arm();
+    let committer = {
+        let log = log.clone();
+        std::thread::spawn(move || {
+            context::set_foreground();
+            let lsn = log.append(b"two").unwrap();
+            log.commit(lsn)
+        })
+    };
+    entered
+        .recv_timeout(common::PATIENCE)
+        .expect("the committer writes its batch");
+    // A second committer waits for the batch in flight.
+    let (tx, rx) = mpsc::channel();
+    let (task_tx, task_rx) = mpsc::channel();
+    std::thread::spawn({
+        let log = log.clone();
+        move || {
+            context::set_foreground();
+            task_tx.send(context::current()).unwrap();
+            let lsn = log.append(b"three").unwrap();
+            let _ = tx.send(log.commit(lsn));
+        }
+    });
+    let waiter = task_rx.recv().unwrap();
+    wait_blocked(&waiter, BlockingStatus::Condvar { name: COMMIT_POINT });
+    go.send(()).unwrap();
+    wait_until("the panicking committer's thread ends", || {
+        committer.is_finished()
+    });
+    assert!(committer.join().is_err(), "the panic goes on in its thread");
+    let e = rx
+        .recv_timeout(common::PATIENCE)
+        .expect("the commit waiting for the batch whose committer panicked returns")
+        .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            LogError::Poisoned {
+                first_unacked: 2,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert!(e.to_string().contains("panicked"), "{e}");
+    assert!(matches!(
+        log.append(b"four"),
+        Err(LogError::Poisoned { .. })
+    ));
+    assert_eq!(log.durable_lsn(), 1);
+    drop(log);
+    let (log, rec) = open(&dev, &small_cfg());
+    assert_eq!(rec.records, [(1, b"one".to_vec())]);
+    log.append_commit(b"works again").unwrap();
+}
+
 #[test]
 fn a_device_whose_flushes_fail_cannot_open_a_log() {
     let faults = FaultConfig {

@@ -145,6 +145,8 @@ impl Log {
                 if lead && free {
                     if let Some(batch) = writer::take_batch(sh, &mut st) {
                         drop(st);
+                        // A panic from here to `done` fails the batch.
+                        let unfinished = writer::Unfinished::new(sh, &batch);
                         sh.space_cv.notify_all(); // pending room freed
                                                   // Critical for the whole write and flush if a
                                                   // critical task appended to it, as the writer
@@ -155,6 +157,7 @@ impl Log {
                         let result = writer::write_batch(sh, &batch);
                         drop(critical);
                         writer::finish(sh, &batch, result, By::Committer);
+                        unfinished.done();
                         st = sh.state.lock();
                         continue;
                     }

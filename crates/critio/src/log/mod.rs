@@ -41,7 +41,10 @@
 //! commit returns `Ok` only when its record is durable (written *and*
 //! flushed). A failed write or flush poisons the log: that batch's commits
 //! and every later append or commit fail with [`LogError::Poisoned`], whose
-//! message says what failed and to restart and recover.
+//! message says what failed and to restart and recover. So does a
+//! committer that panics while it writes its batch (a bug in the device or
+//! below): its batch would otherwise stay in flight, and every later commit
+//! wait for it forever.
 //!
 //! # The ring
 //!

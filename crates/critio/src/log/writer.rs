@@ -42,7 +42,7 @@ use std::sync::Arc;
 use super::state::{Poison, Shared, State};
 use super::Lsn;
 use crate::block::BlockError;
-use crate::device::AlignedBuf;
+use crate::device::{AlignedBuf, DeviceError, Op};
 
 /// A batch taken from the pending records and placed in the ring.
 pub(crate) struct Batch {
@@ -91,6 +91,58 @@ impl Drop for Exit<'_> {
         }
         self.0.wake_all_committers();
         self.0.space_cv.notify_all();
+    }
+}
+
+/// Fails a committer's batch if the committer unwinds before it has
+/// finished it (a panic in the device or the block layer: a bug). The
+/// batch would otherwise stay in flight for good, and every later commit,
+/// and the writer, would wait for it forever (the writer thread has its
+/// own guard, [`Exit`]). What reached the device is unknown, as after a
+/// failed write, so the log is poisoned; the panic goes on in the
+/// committer's thread.
+pub(crate) struct Unfinished<'a> {
+    sh: &'a Shared,
+    batch: &'a Batch,
+}
+
+impl<'a> Unfinished<'a> {
+    /// Guards `batch`, just taken by a committer.
+    pub(crate) fn new(sh: &'a Shared, batch: &'a Batch) -> Self {
+        Self { sh, batch }
+    }
+
+    /// The batch was finished ([`finish`]): nothing left to do.
+    pub(crate) fn done(self) {
+        std::mem::forget(self);
+    }
+}
+
+impl Drop for Unfinished<'_> {
+    fn drop(&mut self) {
+        let (sh, b) = (self.sh, self.batch);
+        let offset = sh.geo.device_offset(b.start_v);
+        let cause = DeviceError::Io {
+            device: sh.block.device().info().name.clone(),
+            op: Op::Write,
+            offset,
+            source: std::io::Error::other(
+                "the committing thread panicked during the batch's write",
+            ),
+        };
+        let poison = Poison {
+            failed: format!(
+                "write of records {}..={} ({} bytes at offset {offset}) by a committer that panicked",
+                b.first, b.last, b.padded
+            ),
+            first_unacked: b.first,
+            cause: cause.into(),
+        };
+        sh.poison_and(poison, |st| {
+            if st.inflight == Some((b.first, b.last)) {
+                st.inflight = None;
+            }
+        });
     }
 }
 
