@@ -445,6 +445,54 @@ fn a_writer_throttled_on_failing_writeback_gets_the_error_while_other_writeback_
     }
 }
 
+/// Pages whose writeback keeps failing do not keep the other dirty pages
+/// of their part from being written back: a round of writeback takes 8
+/// pages, the 8 oldest keep failing, and the 16 dirtied after them still
+/// reach the device (a failed page rejoins the line behind them).
+#[test]
+fn pages_whose_writeback_keeps_failing_do_not_starve_the_rest_of_their_part() {
+    let mem = MemDevice::new(8 * MIB);
+    let info = mem.info().clone();
+    let dev: Arc<dyn Device> = Arc::new(FailLow {
+        mem,
+        info,
+        bad_end: MIB,
+    });
+    let cache = cache_over(
+        dev,
+        CacheConfig {
+            capacity_bytes: 4 * MIB,
+            shards: 1,
+            // Rounds of 8 pages, started by expiry alone: 24 dirty pages
+            // are far below either class's background threshold.
+            writeback_batch_pages: 4,
+            writeback_inflight: 2,
+            dirty_expire_ms: 1,
+            noncritical_dirty_pct: 20.0,
+            ..CacheConfig::default()
+        },
+    );
+    let bad = cache.add_file("bad", 0, MIB).unwrap();
+    let good = cache.add_file("good", 4 * MIB, MIB).unwrap();
+    for p in 0..8u64 {
+        cache.write(bad, p * PAGE as u64, &page(1)).unwrap();
+    }
+    for p in 0..16u64 {
+        cache.write(good, p * PAGE as u64, &page(7)).unwrap();
+    }
+    let want = vec![7u8; 16 * PAGE];
+    wait_until("the good file's pages are written back", || {
+        cache.block().read(4 * MIB, 16 * PAGE).unwrap().as_slice() == want
+    });
+    wait_until("only the bad file's pages are dirty", || {
+        cache.stats().dirty_noncritical == 8
+    });
+    assert!(cache.stats().writeback_errors > 0);
+    let e = cache.flush_file(bad).unwrap_err().to_string();
+    assert!(e.contains("bad sector"), "{e}");
+    cache.flush_file(good).unwrap();
+}
+
 #[test]
 fn a_flushed_file_survives_a_new_cache_and_bad_ranges_are_errors() {
     let dev: Arc<dyn Device> = Arc::new(MemDevice::new(8 * MIB));

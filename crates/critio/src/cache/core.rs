@@ -416,12 +416,22 @@ impl Frames {
 
     /// Ends the writeback of page `i` by `io` if it is still under it:
     /// clean, or dirty again if written meanwhile; a failed write leaves it
-    /// dirty, first in line to be written again. Whoever sees `io` complete
-    /// first ends it (the run's submitter, or a task waiting for the page):
+    /// dirty, last in line as if dirtied `now` (first in line, pages whose
+    /// writes keep failing would be all that each round of writeback and
+    /// each direct reclaim takes, and the part's other dirty pages would
+    /// never be written; a flush of its file still writes it at once).
+    /// Whoever sees `io` complete first ends it (the run's submitter, or a
+    /// task waiting for the page):
     /// a submitter waits for its runs one at a time, and a page whose write
     /// completed must not wait for other runs' I/O. Returns whether it
     /// ended it (false: someone did, and the frame may hold another page).
-    pub(crate) fn end_writeback(&mut self, i: usize, io: &Arc<PendingIo>, ok: bool) -> bool {
+    pub(crate) fn end_writeback(
+        &mut self,
+        i: usize,
+        io: &Arc<PendingIo>,
+        ok: bool,
+        now: Nanos,
+    ) -> bool {
         let f = &mut self.frames[i];
         let State::Writeback {
             io: ref by,
@@ -439,8 +449,8 @@ impl Frames {
         }
         if !ok {
             f.state = State::Dirty;
-            self.lists.unlink(i);
-            self.lists.push_front(ListId::Dirty, i);
+            f.dirtied_at = now;
+            self.relist(i);
             return true;
         }
         if dirty_again {
@@ -472,7 +482,8 @@ impl Frames {
 
     /// When the page first in line for writeback was dirtied (about the
     /// oldest: a page dirtied again during its writeback rejoins the line
-    /// at the back when that writeback ends).
+    /// at the back when that writeback ends, and one whose write failed
+    /// rejoins it as if dirtied then).
     pub(crate) fn oldest_dirty_at(&self) -> Option<Nanos> {
         self.lists
             .front(ListId::Dirty)
@@ -690,12 +701,12 @@ mod tests {
         let p = pending();
         f.begin_writeback(a, p.clone());
         f.mark_written(a, Class::NonCritical, 4); // written during writeback
-        assert!(f.end_writeback(a, &p, true));
-        assert!(!f.end_writeback(a, &p, true), "ended once");
+        assert!(f.end_writeback(a, &p, true, 5));
+        assert!(!f.end_writeback(a, &p, true, 5), "ended once");
         assert!(matches!(f.frame(a).state, State::Dirty), "dirty again");
         let p = pending();
         f.begin_writeback(a, p.clone());
-        assert!(f.end_writeback(a, &p, true));
+        assert!(f.end_writeback(a, &p, true, 5));
         assert!(matches!(f.frame(a).state, State::Clean));
         assert_eq!(f.dirty(Class::Critical), 1);
         assert_eq!(f.oldest_dirty(10), vec![b]);
@@ -720,11 +731,34 @@ mod tests {
         );
         let p = pending();
         f.begin_writeback(a, p.clone());
-        assert!(!f.end_writeback(a, &pending(), true), "another run's I/O");
-        assert!(f.end_writeback(a, &p, false));
+        assert!(
+            !f.end_writeback(a, &pending(), true, 5),
+            "another run's I/O"
+        );
+        assert!(f.end_writeback(a, &p, false, 5));
         assert!(
             matches!(f.frame(a).state, State::Dirty),
             "a failed write stays dirty"
         );
+    }
+
+    #[test]
+    fn a_page_whose_write_failed_rejoins_the_dirty_line_at_the_back() {
+        let mut f = Frames::new(3, 16);
+        fill(&mut f, 0..3);
+        let [a, b, c] = [0, 1, 2].map(|p| f.lookup(key(p)).unwrap());
+        for (t, i) in [a, b, c].into_iter().enumerate() {
+            f.mark_written(i, Class::NonCritical, t as Nanos + 1);
+        }
+        let p = pending();
+        f.begin_writeback(a, p.clone());
+        assert!(f.end_writeback(a, &p, false, 10));
+        assert_eq!(f.oldest_dirty(3), vec![b, c, a], "behind the others");
+        assert_eq!(f.oldest_dirty_at(), Some(2));
+        assert!(
+            matches!(f.alloc(key(9)), Alloc::Reclaim(i) if i == b),
+            "reclaim takes a page that did not fail"
+        );
+        f.check_invariants();
     }
 }

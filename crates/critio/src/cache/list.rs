@@ -112,25 +112,6 @@ impl Lists {
         e.len += 1;
     }
 
-    /// Puts frame `i` (on no list) at the front of `list`.
-    pub(crate) fn push_front(&mut self, list: ListId, i: usize) {
-        assert!(self.links[i].on.is_none(), "frame {i} is already listed");
-        let e = &mut self.ends[list as usize];
-        let old_head = e.head;
-        self.links[i] = Links {
-            prev: NIL,
-            next: old_head,
-            on: Some(list),
-        };
-        if old_head == NIL {
-            e.tail = i as u32;
-        } else {
-            self.links[old_head as usize].prev = i as u32;
-        }
-        e.head = i as u32;
-        e.len += 1;
-    }
-
     /// Takes frame `i` off whatever list it is on (none: nothing to do).
     pub(crate) fn unlink(&mut self, i: usize) {
         let Links { prev, next, on } = self.links[i];
@@ -221,11 +202,11 @@ mod tests {
         assert_eq!(items(&l, ListId::Free), vec![2, 4, 5]);
         l.unlink(3);
         assert_eq!(l.on(3), None);
-        l.push_front(ListId::Dirty, 3);
-        assert_eq!(items(&l, ListId::Dirty), vec![3, 0, 1]);
+        l.push_back(ListId::Dirty, 3);
+        assert_eq!(items(&l, ListId::Dirty), vec![0, 1, 3]);
         l.unlink(1);
         l.unlink(1); // not listed: nothing happens
-        assert_eq!(items(&l, ListId::Dirty), vec![3, 0]);
+        assert_eq!(items(&l, ListId::Dirty), vec![0, 3]);
         assert_eq!(l.len(ListId::Dirty), 2);
         l.check_invariants();
     }

@@ -140,10 +140,11 @@ impl Inner {
         for run in runs {
             let result = run.io.and_then(|h| h.wait());
             let ok = result.is_ok();
+            let now = self.clock.now();
             {
                 let mut core = self.shards[run.shard].lock();
                 for &i in &run.pages {
-                    core.frames.end_writeback(i, &run.pending, ok);
+                    core.frames.end_writeback(i, &run.pending, ok, now);
                 }
                 #[cfg(debug_assertions)]
                 core.frames.check_invariants();
@@ -186,7 +187,8 @@ impl Inner {
         let result = io.wait();
         // Abandoned (never submitted): nothing was written.
         let ok = result.is_ok() && io.was_issued();
-        self.shards[shard].lock().frames.end_writeback(i, io, ok);
+        let now = self.clock.now();
+        (self.shards[shard].lock().frames).end_writeback(i, io, ok, now);
         result
     }
 
