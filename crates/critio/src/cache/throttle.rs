@@ -23,6 +23,23 @@ pub const THROTTLE_POINT: &str = "cache: dirty throttle";
 /// normally woken by writeback or by turning critical).
 const RECHECK: Duration = Duration::from_millis(50);
 
+#[cfg(test)]
+thread_local! {
+    /// A unit test's [`RECHECK`] for the writers throttled in its own
+    /// thread: a long one tells a wake-up from the re-check.
+    pub(crate) static RECHECK_IN_TEST: std::cell::Cell<Option<Duration>> =
+        const { std::cell::Cell::new(None) };
+}
+
+/// How long a throttled writer parks before it re-checks on its own.
+fn recheck() -> Duration {
+    #[cfg(test)]
+    if let Some(d) = RECHECK_IN_TEST.with(std::cell::Cell::get) {
+        return d;
+    }
+    RECHECK
+}
+
 /// The writers waiting in dirty throttling.
 pub(crate) struct Throttle {
     /// The stack's registry (resolutions are counted there).
@@ -70,7 +87,7 @@ impl Throttle {
         self.count.fetch_add(1, Ordering::SeqCst);
         while !allowed() {
             kick();
-            thread::park_timeout(RECHECK);
+            thread::park_timeout(recheck());
         }
         self.count.fetch_sub(1, Ordering::SeqCst);
         self.waiters.lock().retain(|t| t.id() != me.id());

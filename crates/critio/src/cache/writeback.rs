@@ -177,7 +177,10 @@ impl Inner {
     /// may be waiting for an earlier run of the same round, and a task
     /// that needs this page (a flush, a reader short of frames) would
     /// otherwise find it under writeback again and again with nothing left
-    /// to wait for. Returns the write's error.
+    /// to wait for. Having ended it, wakes the throttled writers, as the
+    /// submitter does, which would do so only after its earlier runs (they
+    /// re-check on their own too, but only every 50 ms). Returns the
+    /// write's error.
     pub(crate) fn end_waited(
         &self,
         shard: usize,
@@ -188,7 +191,10 @@ impl Inner {
         // Abandoned (never submitted): nothing was written.
         let ok = result.is_ok() && io.was_issued();
         let now = self.clock.now();
-        (self.shards[shard].lock().frames).end_writeback(i, io, ok, now);
+        let ended = (self.shards[shard].lock().frames).end_writeback(i, io, ok, now);
+        if ended && self.throttle.has_waiters() {
+            self.throttle.wake_all();
+        }
         result
     }
 
@@ -279,5 +285,87 @@ impl Inner {
                 std::thread::sleep(ERROR_BACKOFF);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::mpsc::channel;
+
+    use super::*;
+    use crate::block::{BlockConfig, BlockLayer};
+    use crate::cache::throttle::{RECHECK_IN_TEST, THROTTLE_POINT};
+    use crate::cache::{CacheConfig, PageCache};
+    use crate::context::BlockingStatus;
+    use crate::device::mem::MemDevice;
+    use crate::sync::SyncConfig;
+
+    const PAGE: usize = 4096;
+    const PATIENCE: Duration = Duration::from_secs(20);
+
+    /// A flush or a reader that ends a run's pages while the run's
+    /// submitter still waits for an earlier run wakes the writers
+    /// throttled on those pages: the writer here would otherwise park for
+    /// an hour (its re-check in this test) with its class below its limit.
+    #[test]
+    fn a_waiter_that_ends_a_run_wakes_the_writers_throttled_on_its_pages() {
+        let dev = Arc::new(MemDevice::new(1 << 20));
+        let block = Arc::new(BlockLayer::new(dev, BlockConfig::default()).unwrap());
+        let cfg = CacheConfig {
+            capacity_bytes: 1 << 20,
+            noncritical_dirty_pct: 0.4, // 256 frames: one dirty page
+            dirty_expire_ms: 3_600_000,
+            ..CacheConfig::default()
+        };
+        let mut cache = PageCache::new(block, cfg, &SyncConfig::default()).unwrap();
+        // No writeback thread: this test is the run's submitter.
+        cache.inner.wb.lock().shutdown = true;
+        cache.inner.wb_cv.notify_all();
+        cache.writeback.take().unwrap().join().unwrap();
+        let cache = Arc::new(cache);
+        let inner = cache.inner.clone();
+        let f = cache.add_file("f", 0, 1 << 20).unwrap();
+        cache.write(f, 0, &[1; PAGE]).unwrap();
+        let key = PageKey { file: f, page: 0 };
+        let shard = inner.shard_index(key);
+        let (i, runs) = {
+            let mut core = inner.shards[shard].lock();
+            let i = core.frames.lookup(key).unwrap();
+            (i, inner.plan_runs(shard, &mut core, vec![i]))
+        };
+        let run: Vec<Submitted> = runs
+            .into_iter()
+            .map(|r| inner.submit_run(r, false))
+            .collect();
+        let (tx, rx) = channel();
+        let (task_tx, task_rx) = channel();
+        std::thread::spawn({
+            let cache = cache.clone();
+            move || {
+                RECHECK_IN_TEST.with(|r| r.set(Some(Duration::from_secs(3600))));
+                task_tx.send(context::current()).unwrap();
+                let _ = tx.send(cache.write(f, PAGE as u64, &[2; PAGE]).is_ok());
+            }
+        });
+        let writer = task_rx.recv().unwrap();
+        let deadline = std::time::Instant::now() + PATIENCE;
+        let throttled = Some(BlockingStatus::Admission {
+            stage: THROTTLE_POINT,
+        });
+        while writer.blocking_status() != throttled {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the writer is not throttled"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        // The run's write is complete (a memory device completes at once)
+        // but not ended: a flush of the page sees it first, and ends it.
+        inner.end_waited(shard, i, &run[0].pending).unwrap();
+        assert_eq!(
+            rx.recv_timeout(PATIENCE),
+            Ok(true),
+            "the throttled writer is woken"
+        );
     }
 }
