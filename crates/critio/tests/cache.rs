@@ -272,7 +272,7 @@ fn flushing_one_file_does_not_wait_for_another_files_dirty_pages() {
     dev.wait_arrivals(1); // b's writeback is stuck at the device
     cache.write(a, 0, &page(1)).unwrap();
     let (tx, rx) = channel();
-    std::thread::spawn({
+    let a_flusher = std::thread::spawn({
         let cache = cache.clone();
         move || {
             context::set_foreground();
@@ -285,6 +285,8 @@ fn flushing_one_file_does_not_wait_for_another_files_dirty_pages() {
         matches!(flushed, Ok(Ok(()))),
         "flush of a waited for b: {flushed:?}"
     );
+    // (joined, so its handle on the cache is gone before the last drop)
+    a_flusher.join().unwrap();
     assert!(cache.stats().dirty_noncritical > 0, "b is still dirty");
     let flusher = std::thread::spawn({
         let cache = cache.clone();
