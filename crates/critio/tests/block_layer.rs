@@ -652,3 +652,69 @@ fn direct_and_queued_requests_mix_under_every_scheduler_setting() {
         );
     }
 }
+
+/// A memory device whose `submit` of a non-critical command does not
+/// return until the test lets it: the dispatcher that sends it is stuck in
+/// its turn, as a background thread preempted there is.
+struct StallInSubmit {
+    mem: MemDevice,
+    entered: parking_lot::Mutex<Option<std::sync::mpsc::Sender<()>>>,
+    go: parking_lot::Mutex<Option<std::sync::mpsc::Receiver<()>>>,
+}
+
+impl Device for StallInSubmit {
+    fn info(&self) -> &critio::device::DeviceInfo {
+        self.mem.info()
+    }
+
+    fn submit(&self, cmd: critio::device::Command, done: critio::device::Completer) {
+        if cmd.class == Class::NonCritical {
+            if let Some(entered) = self.entered.lock().take() {
+                entered.send(()).unwrap();
+                let go = self.go.lock().take().expect("stalls once");
+                go.recv().unwrap();
+            }
+        }
+        self.mem.submit(cmd, done)
+    }
+}
+
+/// A foreground request does not wait for a background dispatcher that is
+/// stuck handing its batch to the device: it takes a turn of its own.
+#[test]
+fn a_foreground_request_does_not_wait_behind_a_background_dispatchers_turn() {
+    let (entered_tx, entered_rx) = channel();
+    let (go_tx, go_rx) = channel();
+    let dev = Arc::new(StallInSubmit {
+        mem: MemDevice::new(1 << 20),
+        entered: parking_lot::Mutex::new(Some(entered_tx)),
+        go: parking_lot::Mutex::new(Some(go_rx)),
+    });
+    let layer = Arc::new(BlockLayer::new(dev, BlockConfig::default()).unwrap());
+    let background = std::thread::spawn({
+        let layer = layer.clone();
+        move || layer.write(0, page(1))
+    });
+    entered_rx
+        .recv_timeout(std::time::Duration::from_secs(10))
+        .expect("the background write reaches the device");
+    let (tx, rx) = channel();
+    let foreground = std::thread::spawn({
+        let layer = layer.clone();
+        move || {
+            let _fg = context::foreground();
+            tx.send(layer.write(8192, page(2)).map_err(|e| e.to_string()))
+                .unwrap();
+        }
+    });
+    let got = rx.recv_timeout(std::time::Duration::from_secs(10));
+    go_tx.send(()).unwrap();
+    background.join().unwrap().unwrap();
+    foreground.join().unwrap();
+    assert!(
+        matches!(got, Ok(Ok(()))),
+        "the foreground write waited for the stuck background dispatcher: {got:?}"
+    );
+    assert_eq!(layer.stats().shared_dispatch_turns, 1);
+    assert_eq!(layer.read(8192, 4096).unwrap().as_slice(), &[2u8; 4096][..]);
+}

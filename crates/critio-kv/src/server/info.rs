@@ -392,6 +392,7 @@ fn block(s: &Shared, out: &mut String) {
     kv(out, "block_promoted_at_device", k.promoted_at_device);
     kv(out, "block_starvation_dispatches", k.starvation_dispatches);
     kv(out, "block_anticipation_holds", k.anticipation_holds);
+    kv(out, "block_shared_dispatch_turns", st.shared_dispatch_turns);
     kv(out, "block_noncritical_cap", st.noncritical_cap);
     kv(
         out,

@@ -12,9 +12,16 @@
 //!  timer thread: kicks when an anticipation window or a cap probe ends
 //! ```
 //!
-//! One thread dispatches at a time (a `dispatching` flag); a kick that finds
+//! One thread dispatches at a time (a dispatcher's turn); a kick that finds
 //! another dispatcher leaves the work to it, which re-checks the core after
-//! each batch, so a device that completes inline cannot recurse.
+//! each batch, so a device that completes inline cannot recurse. A
+//! critical thread is the exception: it does not wait behind another
+//! thread's turn but takes one of its own alongside (a dispatcher is
+//! outside the core lock while it hands its batch to the device, and one
+//! that is background work, preempted there by the CPU scheduler, held
+//! queued foreground requests for milliseconds: a priority inversion
+//! through the dispatcher's turn). A thread never takes a second turn
+//! while it is in one.
 //!
 //! A request that its submitter waits for, dispatched by that submitter, is
 //! done by it where the device can ([`Device::flush_here`]: `fdatasync` on
@@ -103,7 +110,11 @@ struct Payload {
 struct Core {
     sched: Scheduler<Payload>,
     stats: StatsAcc,
-    dispatching: bool,
+    /// Dispatchers' turns in progress: at most one, and besides it the
+    /// turns critical threads took alongside ([`Inner::take_batch`]).
+    turns: u32,
+    /// Turns critical threads took while another was in progress.
+    shared_turns: u64,
     timer_at: Option<Nanos>,
     shutdown: bool,
 }
@@ -166,6 +177,19 @@ enum Started {
     Pending(Arc<IoState>),
 }
 
+std::thread_local! {
+    /// Whether this thread is in a dispatcher's turn (between taking a
+    /// batch and ending the turn under the core lock).
+    static IN_TURN: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Ends the calling thread's dispatcher turn (under the core lock).
+fn end_turn(core: &mut Core) {
+    debug_assert!(core.turns > 0 && IN_TURN.get());
+    core.turns -= 1;
+    IN_TURN.set(false);
+}
+
 /// Called with the id of a request promoted while at the device.
 pub type AtDeviceHook = Arc<dyn Fn(ReqId) + Send + Sync>;
 
@@ -211,7 +235,8 @@ impl BlockLayer {
             core: Mutex::new(Core {
                 sched: Scheduler::new(cfg.sched(depth)),
                 stats: StatsAcc::default(),
-                dispatching: false,
+                turns: 0,
+                shared_turns: 0,
                 timer_at: None,
                 shutdown: false,
             }),
@@ -315,14 +340,21 @@ impl BlockLayer {
     /// A snapshot of the per-class metrics.
     pub fn stats(&self) -> BlockStats {
         let mut core = self.inner.core.lock();
-        let Core { sched, stats, .. } = &mut *core;
-        stats.snapshot(
+        let Core {
+            sched,
+            stats,
+            shared_turns,
+            ..
+        } = &mut *core;
+        let mut out = stats.snapshot(
             sched.counters(),
             sched.noncritical_cap(),
             sched.cap_view(),
             sched.pacing_rate(),
             sched.background_own_rate(),
-        )
+        );
+        out.shared_dispatch_turns = *shared_turns;
+        out
     }
 
     /// Each class's admission wait, queue wait and device time histograms
@@ -466,7 +498,7 @@ impl Inner {
             // under this same lock), with no second pass over the core.
             let alone = mine && batch.len() == 1;
             if alone {
-                core.dispatching = false;
+                end_turn(&mut core);
             }
             let p = core.sched.payload_mut(id).expect("just submitted");
             if !admitted {
@@ -598,13 +630,20 @@ impl Inner {
     }
 
     /// Under the core lock: if no other thread is dispatching, takes what
-    /// the core allows now into the empty `batch` and makes the caller the
+    /// the core allows now into the empty `batch` and makes the caller a
     /// dispatcher (it must then call [`Inner::run_dispatch`]). Leaves it
     /// empty if there is nothing to do or another dispatcher will do it (it
-    /// re-checks after each batch).
+    /// re-checks after each batch), unless the caller is critical and not
+    /// in a turn itself: it takes one alongside rather than wait for a
+    /// dispatcher that may be background work the CPU scheduler holds.
     fn take_batch(&self, core: &mut Core, now: Nanos, batch: &mut Batch) {
         debug_assert!(batch.is_empty());
-        if core.dispatching {
+        let shared = core.turns > 0;
+        if shared
+            && (IN_TURN.get()
+                || !self.cfg.scheme.classes()
+                || context::current_class() != Class::Critical)
+        {
             return;
         }
         let classes = self.cfg.scheme.classes();
@@ -623,7 +662,9 @@ impl Inner {
                 self.timer_cv.notify_one();
             }
         } else {
-            core.dispatching = true;
+            core.turns += 1;
+            core.shared_turns += u64::from(shared);
+            IN_TURN.set(true);
         }
         #[cfg(debug_assertions)]
         core.sched.check_invariants();
@@ -658,7 +699,7 @@ impl Inner {
                 }
             }
             let mut core = self.core.lock();
-            core.dispatching = false;
+            end_turn(&mut core);
             if core.sched.dispatchable() {
                 now = self.clock.now();
             }

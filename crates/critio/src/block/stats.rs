@@ -108,6 +108,7 @@ impl StatsAcc {
             auto_mixed_us: cap_view.1.map(|ns| ns / 1000.0),
             pacing_mib_s: pacing.map(|b| b / f64::from(1 << 20)),
             background_own_mib_s: own.map(|b| b / f64::from(1 << 20)),
+            shared_dispatch_turns: 0,
         }
     }
 
@@ -176,6 +177,9 @@ pub struct BlockStats {
     /// estimated it (what it writes per second pacing does not hold it),
     /// MiB/s; pacing keeps `min_share` of it.
     pub background_own_mib_s: Option<f64>,
+    /// Dispatcher turns a critical thread took alongside another thread's
+    /// turn rather than wait for it to come back from the device.
+    pub shared_dispatch_turns: u64,
 }
 
 impl BlockStats {
