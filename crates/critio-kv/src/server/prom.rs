@@ -21,7 +21,7 @@
 //! | `block_completions_total`, `block_bytes_total`          | counter   | `class`           |
 //! | `block_admission_wait_seconds`, `block_queue_wait_seconds`, `block_device_time_seconds` | histogram | `class` |
 //! | `block_promotions_total`                                | counter   | `location` (`admission`, `queue`, `device`) |
-//! | `block_starvation_dispatches_total`, `block_anticipation_holds_total` | counter | |
+//! | `block_starvation_dispatches_total`, `block_anticipation_holds_total`, `block_shared_dispatch_turns_total` | counter | |
 //! | `block_noncritical_cap` (`+Inf`: unlimited), `block_noncritical_pacing_bytes_per_second` (when paced) | gauge | |
 //! | `wait_seconds`: every wait point's waits                | histogram | `point`, `class`  |
 //! | `inherit_boosts_total`, `inherit_revocations_total`, `inherit_resolutions_total` | counter | `kind` |
@@ -313,6 +313,12 @@ fn block(out: &mut Out, b: &Backend) -> fmt::Result {
         "Dispatch decisions that held non-critical work back for anticipation.",
         None,
         k.anticipation_holds,
+    )?;
+    out.counter(
+        "block_shared_dispatch_turns",
+        "Dispatch turns a critical thread took alongside another thread's turn.",
+        None,
+        st.shared_dispatch_turns,
     )?;
     let cap = match st.noncritical_cap {
         u32::MAX => f64::INFINITY,
