@@ -292,6 +292,17 @@ fn info_and_config_get() {
         .parse()
         .unwrap();
     assert!(by_committer >= 1, "{critio}");
+    let critical_completions = |critio: &str| -> u64 {
+        let line = critio
+            .lines()
+            .find(|l| l.starts_with("block_critical_device_time:"))
+            .unwrap_or_else(|| panic!("INFO lacks block_critical_device_time:\n{critio}"));
+        line.split(['=', ','])
+            .nth(1)
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("{line}"))
+    };
+    assert!(critical_completions(&critio) >= 10, "{critio}");
     // Where the workers' rounds went: one client waiting for each reply
     // gives one round per command. CONFIG RESETSTAT's own round is
     // counted after the reset, and INFO runs in the next round; the idle
@@ -306,6 +317,9 @@ fn info_and_config_get() {
             .unwrap_or_else(|| panic!("INFO lacks round_{part}:\n{critio}"));
         assert!(line.contains(":count=1,"), "{line}");
     }
+    // The reset covers critio's own figures too (the ten SETs' log writes
+    // and flushes were critical; nothing after the reset wrote).
+    assert_eq!(critical_completions(&critio), 0, "{critio}");
     let cfg: Vec<String> = ok(&mut c, &["CONFIG", "GET", "save"]);
     assert_eq!(cfg, ["save", "1 1"]);
     let cfg: Vec<String> = ok(&mut c, &["CONFIG", "GET", "appendonly"]);

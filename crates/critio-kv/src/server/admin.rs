@@ -357,12 +357,14 @@ pub(crate) fn config(ctx: &mut Ctx<'_>, a: &[&[u8]]) -> Reply {
         "SET" => config_set(ctx, a),
         "RESETSTAT" => {
             ctx.shared.stats.reset();
+            ctx.shared.backend.metrics().reset();
+            ctx.shared.backend.block.reset_stats();
             Reply::OK
         }
         "HELP" => help(&[
             "CONFIG GET <pattern>: parameters matching the pattern, and their values.",
             "CONFIG SET <parameter> <value> [...]: requirepass, protected-mode; others only to their value.",
-            "CONFIG RESETSTAT: reset the INFO stats counters.",
+            "CONFIG RESETSTAT: reset the INFO stats counters, and critio's wait and block layer figures.",
         ]),
         _ => unknown_subcommand(a[1], "CONFIG"),
     }

@@ -357,6 +357,16 @@ impl BlockLayer {
         out
     }
 
+    /// Zeroes the per-class counts and latency histograms of
+    /// [`BlockLayer::stats`] and the shared dispatch turns (a server's
+    /// CONFIG RESETSTAT); the scheduler's own counters and the adaptive
+    /// cap's state are kept.
+    pub fn reset_stats(&self) {
+        let mut core = self.inner.core.lock();
+        core.stats = StatsAcc::default();
+        core.shared_turns = 0;
+    }
+
     /// Each class's admission wait, queue wait and device time histograms
     /// read at `bounds` (cumulative counts, count, sum), critical first:
     /// what a Prometheus exporter exposes. Computed under the core lock (a
