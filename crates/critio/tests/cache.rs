@@ -361,6 +361,15 @@ struct FailLow {
     bad_end: u64,
 }
 
+impl FailLow {
+    /// An 8 MiB device whose writes below `bad_end` fail.
+    fn below(bad_end: u64) -> Arc<dyn Device> {
+        let mem = MemDevice::new(8 * MIB);
+        let info = mem.info().clone();
+        Arc::new(FailLow { mem, info, bad_end })
+    }
+}
+
 impl Device for FailLow {
     fn info(&self) -> &critio::device::DeviceInfo {
         &self.info
@@ -390,13 +399,7 @@ impl Device for FailLow {
 #[test]
 fn a_writer_throttled_on_failing_writeback_gets_the_error_while_other_writeback_succeeds() {
     use std::sync::atomic::{AtomicBool, Ordering};
-    let mem = MemDevice::new(8 * MIB);
-    let info = mem.info().clone();
-    let dev: Arc<dyn Device> = Arc::new(FailLow {
-        mem,
-        info,
-        bad_end: MIB,
-    });
+    let dev = FailLow::below(MIB);
     let cache = cache_over(
         dev,
         CacheConfig {
@@ -453,13 +456,7 @@ fn a_writer_throttled_on_failing_writeback_gets_the_error_while_other_writeback_
 /// reach the device (a failed page rejoins the line behind them).
 #[test]
 fn pages_whose_writeback_keeps_failing_do_not_starve_the_rest_of_their_part() {
-    let mem = MemDevice::new(8 * MIB);
-    let info = mem.info().clone();
-    let dev: Arc<dyn Device> = Arc::new(FailLow {
-        mem,
-        info,
-        bad_end: MIB,
-    });
+    let dev = FailLow::below(MIB);
     let cache = cache_over(
         dev,
         CacheConfig {
