@@ -843,6 +843,67 @@ mod tests {
         assert_eq!(e.get(b"later").unwrap(), None);
     }
 
+    /// A writer waiting for room in the value log asks the checkpointer to
+    /// clean without holding the value log's lock: a checkpoint holds the
+    /// checkpointer's lock while it takes the value log's (its boundary,
+    /// then to free the space), so a writer that asked holding it, while a
+    /// checkpoint ran, deadlocked with it, and with them every writer, the
+    /// cleaner and BGSAVE. Here the test holds the checkpointer's lock, as
+    /// a checkpoint does, and reads the boundary, as it does next.
+    #[test]
+    fn a_writer_waiting_for_room_asks_for_cleaning_without_the_value_logs_lock() {
+        use critio::config::Config;
+
+        use crate::engine::EngineConfig;
+        let dev = Arc::new(MemDevice::new(12 << 20));
+        let mut config = Config::default();
+        config.cache.capacity_bytes = 1 << 20;
+        config.context.background_nice = 0;
+        let stack = critio::Stack::over(dev, &config).unwrap();
+        // A value log of about 2.6 MiB behind an 8 MiB log: the value log
+        // fills first.
+        let cfg = EngineConfig {
+            log_bytes: 8 << 20,
+            checkpoint_interval_ms: 0,
+            value_bytes_max: 64 << 10,
+            ..EngineConfig::default()
+        };
+        let e = Arc::new(crate::engine::Engine::open(&stack, cfg).unwrap());
+        let held = e.inner.ckpt.lock();
+        let (tx, rx) = mpsc::channel();
+        let writer = {
+            let e = e.clone();
+            std::thread::spawn(move || {
+                let _fg = critio::context::foreground();
+                tx.send(critio::context::current()).unwrap();
+                // One key: everything but its last value is garbage, so
+                // the cleaner makes room once it may.
+                for i in 0..400 {
+                    e.set(b"k", &value(i), SetOptions::default()).unwrap();
+                }
+            })
+        };
+        let task = rx.recv().unwrap();
+        wait_until("the writer asks for cleaning", || {
+            matches!(task.blocking_status(), Some(BlockingStatus::Lock { name })
+                if name == "kv: checkpoint")
+        });
+        let (done_tx, done) = mpsc::channel();
+        let boundary = {
+            let e = e.clone();
+            std::thread::spawn(move || {
+                done_tx.send(e.inner.vlog.boundary()).unwrap();
+            })
+        };
+        let got = done.recv_timeout(Duration::from_secs(10));
+        drop(held); // (lets a writer that held the lock go on)
+        got.expect("the value log's lock is held by a writer waiting for the checkpointer's");
+        boundary.join().unwrap();
+        writer.join().unwrap();
+        assert_eq!(e.get(b"k").unwrap(), Some(value(399)));
+        drop(Arc::into_inner(e).unwrap());
+    }
+
     /// A BGSAVE or BGREWRITEAOF that panics ends (a new one may be asked
     /// for) and fails the engine, as Redis stops taking writes after a
     /// failed background save; acknowledged writes survive a restart.

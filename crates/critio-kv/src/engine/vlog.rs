@@ -333,12 +333,22 @@ impl Vlog {
     }
 
     /// Waits until `bytes` (and `largest`) could be reserved by `who`, or
-    /// reservations are refused.
+    /// reservations are refused. `kick` runs without the log's lock: it
+    /// takes the checkpointer's, which a checkpoint holds while it takes
+    /// the log's (for its boundary, and to free the space).
     pub(crate) fn wait_for(&self, bytes: u64, largest: u64, who: Who, kick: impl Fn()) {
-        let mut st = self.state.lock();
-        while self.used_end() + bytes + largest > self.limit(who) && self.refused.get().is_none() {
+        let short =
+            || self.used_end() + bytes + largest > self.limit(who) && self.refused.get().is_none();
+        while short() {
             kick();
-            st = self.space.wait_timeout(st, SPACE_RECHECK).0;
+            // Asked again under the lock: the end moves, and reservations
+            // are refused, under it, and the space is signalled after, so
+            // a change after this look wakes the wait.
+            let st = self.state.lock();
+            if !short() {
+                break;
+            }
+            drop(self.space.wait_timeout(st, SPACE_RECHECK));
         }
     }
 
