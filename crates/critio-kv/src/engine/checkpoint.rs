@@ -22,7 +22,7 @@ use serde::Serialize;
 
 use super::index::{Index, Loc};
 use super::layout::{Layout, SUPERBLOCK_BYTES, SUPERBLOCK_OFFSET};
-use super::ops::{Encoded, Held};
+use super::ops::{now_ms, Encoded, Held};
 use super::record::{KIND_DEL, KIND_FLUSHALL};
 use super::superblock::{Slot, Superblock};
 use super::vlog::{Flow, Vlog, Who};
@@ -703,12 +703,16 @@ impl Inner {
         // A snapshot is of the moment BGSAVE is called, like Redis's fork.
         // Under the epoch lock no append is copying: every record the
         // snapshot reads is whole.
-        // The keys it may write are those there are now.
+        // The keys it may write are those there are now, and the keys
+        // that have expired are those that have now: its clock is read
+        // here, not when its thread starts, or a key live at this moment
+        // that expired before then would be left out of a dump that holds
+        // no later write.
         let range = snapshot.then(|| {
             let _epoch = self.epoch.write();
             let (from, to) = self.vlog.begin_snapshot();
             self.progress[0].set_total(to - from, self.index.keys());
-            (from, to)
+            ((from, to), now_ms())
         });
         let name = if snapshot {
             "kv-bgsave"
@@ -724,7 +728,7 @@ impl Inner {
                     #[cfg(test)]
                     self.injected_panic(name);
                     match range {
-                        Some(range) => self.snapshot(range),
+                        Some((range, now)) => self.snapshot(range, now),
                         None => self.rewrite(),
                     }
                 });
@@ -841,6 +845,40 @@ mod tests {
             assert_eq!(e.get(&key(i)).unwrap(), Some(value(i)), "key {i}");
         }
         assert_eq!(e.get(b"later").unwrap(), None);
+    }
+
+    /// A key live when BGSAVE is called is in the dump even if it expires
+    /// before the job's thread starts (held back here): the dump's clock is
+    /// read at the call, with its range of the value log. Read as the
+    /// thread began, it left out the key, and a dump that held no write
+    /// after the call held none of that moment either.
+    #[test]
+    fn a_key_live_when_bgsave_is_called_is_dumped_if_it_expires_before_the_job_starts() {
+        use crate::engine::ops::now_ms;
+        let dev = Arc::new(MemDevice::new(32 << 20));
+        let e = open(&dev);
+        let expire = now_ms() + 300;
+        let ttl = SetOptions {
+            expire_at_ms: Some(expire),
+            ..SetOptions::default()
+        };
+        e.set(b"ttl", b"live at the call", ttl).unwrap();
+        e.set(b"plain", b"x", SetOptions::default()).unwrap();
+        // The job's thread looks for an injected panic first: it waits.
+        let hold = e.inner.inject_panic.lock();
+        e.bgsave().unwrap();
+        assert!(now_ms() < expire, "the key is live when BGSAVE returns");
+        while now_ms() <= expire + 20 {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        drop(hold);
+        wait_until("the BGSAVE ends", || {
+            e.background_running() == (false, false)
+        });
+        let mut keys: Vec<Vec<u8>> = e.read_dump().unwrap().into_iter().map(|x| x.key).collect();
+        keys.sort();
+        assert_eq!(keys, [b"plain".to_vec(), b"ttl".to_vec()]);
+        e.close().unwrap();
     }
 
     /// A writer waiting for room in the value log asks the checkpointer to

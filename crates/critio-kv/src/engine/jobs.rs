@@ -30,7 +30,6 @@ use std::time::Instant;
 
 use super::entry::{Entry, Reader, Value};
 use super::index::{Index, STRIPES};
-use super::ops::now_ms;
 use super::vlog::Flow;
 use super::{Engine, EngineError, Inner};
 
@@ -159,10 +158,11 @@ impl DumpWriter<'_> {
 
 impl Inner {
     /// BGSAVE: a consistent copy of every key as of its start, when the
-    /// value log's `range` was taken ([`super::vlog::Vlog::begin_snapshot`]).
-    pub(crate) fn snapshot(&self, range: (u64, u64)) -> Result<(), EngineError> {
+    /// value log's `range` was taken ([`super::vlog::Vlog::begin_snapshot`])
+    /// and the clock read `now` (ms): the keys expired then are left out.
+    pub(crate) fn snapshot(&self, range: (u64, u64), now: u64) -> Result<(), EngineError> {
         let started = Instant::now();
-        let result = self.write_dump(range);
+        let result = self.write_dump(range, now);
         self.vlog.end_snapshot();
         for s in 0..STRIPES {
             self.index.lock(s).end_snapshot();
@@ -177,8 +177,7 @@ impl Inner {
         Ok(())
     }
 
-    fn write_dump(&self, (from, to): (u64, u64)) -> Result<DumpSize, EngineError> {
-        let now = now_ms();
+    fn write_dump(&self, (from, to): (u64, u64), now: u64) -> Result<DumpSize, EngineError> {
         let mut w = DumpWriter {
             inner: self,
             offset: self.layout.page,
