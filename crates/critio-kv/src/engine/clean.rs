@@ -390,6 +390,49 @@ pub(super) mod tests {
         e.close().unwrap();
     }
 
+    /// Records appended together (MSET, a transaction, a cleaner's batch)
+    /// of which one fills its lap of the value log to the last byte: the
+    /// next ones start the next lap, at the region's start. They were one
+    /// run past the region's end: preparing its pages failed, which failed
+    /// the engine (a debug build's assertion panicked, under the write's
+    /// locks). Both are there, and after a reopen (the index rebuilt by a
+    /// scan across the lap's end).
+    #[test]
+    fn records_appended_together_go_on_in_the_next_lap_after_one_fills_a_lap_exactly() {
+        let dev = Arc::new(MemDevice::new(32 << 20));
+        let e = open(&dev);
+        let vlog = &e.inner.vlog;
+        let region = vlog.region();
+        let value = vec![7u8; 16 << 10];
+        let mut i = 0;
+        while region - vlog.head() % region > 20 << 10 {
+            e.set(&key(i % 40), &value, SetOptions::default()).unwrap();
+            i += 1;
+        }
+        // One record exactly as long as what is left of the lap, and one
+        // after it, in one write.
+        let last = vlog.head();
+        let left = (region - last % region) as usize;
+        let (k, k2) = (key(999), key(998));
+        let fill = vec![9u8; left - record::HEADER - k.len()];
+        assert_eq!(record::size(k.len(), fill.len()), left);
+        let next = b"the next lap's first".to_vec();
+        e.mset(&[(&k, &fill), (&k2, &next)]).unwrap();
+        let head = last + (left + record::size(k2.len(), next.len())) as u64;
+        assert_eq!(vlog.head(), head, "no pad between them");
+        let check = |e: &Engine| {
+            assert_eq!(e.get(&k).unwrap(), Some(fill.clone()));
+            assert_eq!(e.get(&k2).unwrap(), Some(next.clone()));
+            assert_eq!(e.get(&key(0)).unwrap(), Some(value.clone()));
+        };
+        check(&e);
+        e.close().unwrap();
+        drop(e);
+        let e = open(&dev);
+        check(&e);
+        e.close().unwrap();
+    }
+
     /// The cleaner copies without holding the stripes; keys written or
     /// deleted between its copy and its repoint keep what was written, in
     /// memory and after reopening (the copies come first in the log).

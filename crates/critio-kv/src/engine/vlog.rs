@@ -391,6 +391,12 @@ impl Vlog {
                 self.write(head, &record::pad())?;
                 head += self.region - phys;
                 span_from = at;
+            } else if phys == 0 && at > span_from {
+                // The records before filled their lap to the last byte
+                // (no pad): this one starts a run in the next lap, at the
+                // region's start, not past its end.
+                spans.push((head - (at - span_from) as u64, span_from..at));
+                span_from = at;
             }
             addrs.push(head);
             head += size as u64;
