@@ -312,7 +312,7 @@ pub(super) mod tests {
 
     thread_local! {
         /// Runs in the cleaning thread between a batch's copy and its repoint.
-        pub(super) static BEFORE_REPOINT: RefCell<Option<Box<dyn Fn()>>> = const { RefCell::new(None) };
+        pub(in crate::engine) static BEFORE_REPOINT: RefCell<Option<Box<dyn Fn()>>> = const { RefCell::new(None) };
     }
 
     /// A small engine over `dev` (1 MiB cache, 4 MiB log, checkpoints only

@@ -52,6 +52,8 @@ mod jobs;
 mod layout;
 mod ops;
 mod record;
+#[cfg(test)]
+mod snapshot_tests;
 mod superblock;
 mod txn;
 mod vlog;
