@@ -181,8 +181,14 @@ impl<'a> Txn<'a> {
         }
     }
 
-    /// Writes the key (its expiry: 0 none).
+    /// Writes the key (its expiry: 0 none). An expiry that is not in the
+    /// future deletes the key, as Redis's SET with a past `EXAT`/`PXAT`
+    /// does: the transaction's later commands find it absent.
     pub fn put(&mut self, key: &[u8], value: Value, expire_at_ms: u64) {
+        if expire_at_ms != 0 && expire_at_ms <= self.now {
+            self.remove(key);
+            return;
+        }
         let p = self.pos(key);
         self.slots[p] = Slot::Written(Some((value, expire_at_ms)));
     }
@@ -530,6 +536,56 @@ mod tests {
         assert_eq!(format_float(1e-20), "0.00000000000000000001");
         assert_eq!(format_float(9007199254740992.0), "9007199254740992");
         assert_eq!(format_float(-1.25), "-1.25");
+    }
+
+    /// A write whose expiry has passed (SET with a past PXAT) deletes the
+    /// key, as Redis's SET does, also for the commands after it in the same
+    /// transaction (MULTI/EXEC): they used to find the expired value, so an
+    /// EXPIRE there brought it back to life with a new expiry, an APPEND
+    /// appended to it (and the result stayed expired), a SET KEEPTTL kept
+    /// the past expiry (and its value read as absent). Found by the
+    /// mixed-operation power-cut test.
+    #[test]
+    fn a_write_whose_expiry_has_passed_deletes_the_key_for_the_rest_of_its_transaction() {
+        use std::sync::Arc;
+
+        use critio::device::mem::MemDevice;
+
+        use crate::engine::clean::tests::open;
+        let dev = Arc::new(MemDevice::new(32 << 20));
+        let far = 4_000_000_000_000; // ms since the epoch, in 2096
+        let past = SetOptions {
+            expire_at_ms: Some(1),
+            ..SetOptions::default()
+        };
+        let keep_ttl = SetOptions {
+            keep_ttl: true,
+            ..SetOptions::default()
+        };
+        {
+            let e = open(&dev);
+            e.set(b"k", b"old", SetOptions::default()).unwrap();
+            let keys: [&[u8]; 3] = [b"k", b"a", b"t"];
+            let replies = e
+                .transact(&keys, |t| {
+                    t.set(b"k", b"expired", past).unwrap();
+                    let revived = t.expire_at(b"k", far, ExpireIf::Always).unwrap();
+                    t.set(b"a", b"expired", past).unwrap();
+                    let len = t.append(b"a", b"tail").unwrap();
+                    t.set(b"t", b"expired", past).unwrap();
+                    t.set(b"t", b"kept", keep_ttl).unwrap();
+                    (revived, t.exists(b"k"), len, t.pttl(b"t"))
+                })
+                .unwrap();
+            assert_eq!(replies, (false, false, 4, -1));
+            // No close: the reopen replays the log record.
+        }
+        let e = open(&dev);
+        assert_eq!(e.get(b"k").unwrap(), None, "the expired value came back");
+        assert_eq!(e.get(b"a").unwrap(), Some(b"tail".to_vec()));
+        assert_eq!(e.get(b"t").unwrap(), Some(b"kept".to_vec()));
+        assert_eq!(e.dbsize(), 2);
+        e.close().unwrap();
     }
 
     #[test]
