@@ -752,3 +752,1295 @@ fn a_stripe_held_by_background_work_is_named_and_one_held_by_a_request_is_not() 
     }
     Arc::into_inner(e).unwrap().close().unwrap();
 }
+
+/// The model-based power-cut test: writer threads (one to three, each on
+/// keys of its own) run a seeded mix of every operation that changes data
+/// (SET with its options and expiries, DEL, MSET, APPEND, INCRBY, HSET,
+/// HDEL, HINCRBY, EXPIRE with its conditions, PERSIST, GETDEL, multi-key
+/// transactions, rounds of deferred commits, FLUSHALL between phases)
+/// while a background thread runs SAVE, BGSAVE and BGREWRITEAOF, the
+/// checkpointer runs every few ms and the value log wraps (so the cleaner
+/// copies records); one writer cuts the power at a seeded point.
+///
+/// Each writer keeps a model of its keys: the state every acknowledged
+/// operation left, checked against the engine's reply as it goes, and the
+/// operations after it whose outcome is unknown (in flight at the cut,
+/// refused, or in a round whose commit failed). After each restart its
+/// keys must be exactly the model's state after some prefix of those
+/// unknown operations (each transaction whole): nothing acknowledged is
+/// lost, no deleted or expired key comes back, no value is torn, no
+/// expiry is lost or made up. Writes issued after the cut must be refused.
+mod mixed_ops {
+    use std::collections::BTreeMap;
+    use std::fmt::Debug;
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
+    use std::sync::{Arc, Condvar, Mutex};
+    use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+    use critio::device::faulty::{FaultConfig, FaultyDevice};
+    use critio::device::mem::MemDevice;
+    use critio::device::{submit_and_wait, Command, Device};
+    use critio::log::LogConfig;
+    use critio::Class;
+    use critio_kv::engine::{
+        Engine, EngineConfig, EngineError, ExpireIf, SetOptions, SetOutcome, Txn, Value,
+    };
+    use rand::rngs::SmallRng;
+    use rand::{Rng, SeedableRng};
+
+    use super::{stack_on, MIB};
+
+    /// Expiries that are deterministic: long past, and far ahead (2096,
+    /// 2099). Keys of the second kind (`x` in their names) also get
+    /// expiries a few ms to a second ahead, and only blind writes.
+    const PAST: u64 = 1_000;
+    const FAR: u64 = 4_000_000_000_000;
+    const FARTHER: u64 = 4_100_000_000_000;
+    /// Normal keys and short-lived keys per writer.
+    const KEYS: usize = 40;
+    const XKEYS: usize = 8;
+    const FIELDS: [&[u8]; 6] = [b"f0", b"f1", b"f2", b"f3", b"f4", b"f5"];
+
+    fn now_ms() -> u64 {
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as u64
+    }
+
+    /// Each key's value and expiry (0: none).
+    type State = BTreeMap<Vec<u8>, (Value, u64)>;
+
+    /// One key's operation (alone, or inside a transaction).
+    #[derive(Clone, Debug)]
+    enum KeyOp {
+        Set(Vec<u8>, SetOptions),
+        Remove,
+        Append(Vec<u8>),
+        IncrBy(i64),
+        HSet(Vec<(Vec<u8>, Vec<u8>)>),
+        HDel(Vec<Vec<u8>>),
+        HIncrBy(Vec<u8>, i64),
+        ExpireAt(u64, ExpireIf),
+        Persist,
+        GetDel,
+        Get,
+    }
+
+    #[derive(Clone, Debug)]
+    enum Op {
+        /// Through the engine's own method if it has one, else as a
+        /// transaction of one key.
+        One(Vec<u8>, KeyOp),
+        Del(Vec<Vec<u8>>),
+        MSet(Vec<(Vec<u8>, Vec<u8>)>),
+        /// A transaction over the keys: (position in them, operation)*.
+        Txn(Vec<Vec<u8>>, Vec<(usize, KeyOp)>),
+        FlushAll,
+    }
+
+    fn short(b: &[u8]) -> String {
+        if b.len() <= 12 {
+            format!("{:?}", String::from_utf8_lossy(b))
+        } else {
+            format!("<{} bytes {:02x?}..>", b.len(), &b[..4])
+        }
+    }
+
+    fn describe_key_op(op: &KeyOp) -> String {
+        match op {
+            KeyOp::Set(v, o) => format!(
+                "SET {}{}{}{}{}{}",
+                short(v),
+                if o.nx { " NX" } else { "" },
+                if o.xx { " XX" } else { "" },
+                if o.keep_ttl { " KEEPTTL" } else { "" },
+                if o.get { " GET" } else { "" },
+                o.expire_at_ms
+                    .map_or(String::new(), |at| format!(" PXAT {at}"))
+            ),
+            KeyOp::Append(t) => format!("APPEND {}", short(t)),
+            KeyOp::HSet(f) => format!("HSET {} fields", f.len()),
+            KeyOp::HDel(f) => format!("HDEL {} fields", f.len()),
+            other => format!("{other:?}"),
+        }
+    }
+
+    fn describe(op: &Op) -> String {
+        let k = |k: &[u8]| String::from_utf8_lossy(k).into_owned();
+        match op {
+            Op::One(key, op) => format!("{} {}", k(key), describe_key_op(op)),
+            Op::Del(keys) => format!("DEL {:?}", keys.iter().map(|x| k(x)).collect::<Vec<_>>()),
+            Op::MSet(pairs) => format!(
+                "MSET {:?}",
+                pairs
+                    .iter()
+                    .map(|(key, v)| format!("{} {}", k(key), short(v)))
+                    .collect::<Vec<_>>()
+            ),
+            Op::Txn(keys, ops) => format!(
+                "TXN [{}]",
+                ops.iter()
+                    .map(|(i, op)| format!("{} {}", k(&keys[*i]), describe_key_op(op)))
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            ),
+            Op::FlushAll => "FLUSHALL".into(),
+        }
+    }
+
+    /// The keys an operation writes (None: every key).
+    fn keys_of(op: &Op) -> Option<Vec<Vec<u8>>> {
+        match op {
+            Op::One(k, _) => Some(vec![k.clone()]),
+            Op::Del(keys) | Op::Txn(keys, _) => Some(keys.clone()),
+            Op::MSet(pairs) => Some(pairs.iter().map(|(k, _)| k.clone()).collect()),
+            Op::FlushAll => None,
+        }
+    }
+
+    fn is_x(key: &[u8]) -> bool {
+        key.contains(&b'x')
+    }
+
+    fn fmt<T: Debug>(r: Result<T, EngineError>) -> String {
+        match r {
+            Ok(v) => format!("{v:?}"),
+            Err(e) => format!("E:{e}"),
+        }
+    }
+
+    /// Errors that are the operation's reply (it wrote nothing).
+    fn logical(e: &EngineError) -> bool {
+        matches!(
+            e,
+            EngineError::WrongType
+                | EngineError::NotInteger
+                | EngineError::NotFloat
+                | EngineError::HashNotInteger
+                | EngineError::HashNotFloat
+                | EngineError::NanOrInfinity
+                | EngineError::Overflow
+        )
+    }
+
+    /// Errors of a store that lost its device (the power cut).
+    fn io(e: &EngineError) -> bool {
+        matches!(
+            e,
+            EngineError::Failed(_)
+                | EngineError::Log(_)
+                | EngineError::Cache(_)
+                | EngineError::Block(_)
+        )
+    }
+
+    /// Redis's integer parsing, as the engine's.
+    fn parse_int(s: &[u8]) -> Option<i64> {
+        let t = std::str::from_utf8(s).ok()?;
+        if t.starts_with('+') || (t.len() > 1 && t.starts_with('0')) || t.starts_with("-0") {
+            return None;
+        }
+        t.parse().ok()
+    }
+
+    fn live<'a>(s: &'a State, key: &[u8], now: u64) -> Option<&'a (Value, u64)> {
+        s.get(key).filter(|(_, exp)| *exp == 0 || *exp > now)
+    }
+
+    /// The model of one key's operation: the reply, None if it depends
+    /// on a short-lived key's expiry.
+    fn apply_key(s: &mut State, key: &[u8], op: &KeyOp, now: u64) -> Option<String> {
+        type Fields = BTreeMap<Vec<u8>, Vec<u8>>;
+        let cur = live(s, key, now).cloned();
+        let string = || match &cur {
+            None => Ok(None),
+            Some((Value::Str(v), exp)) => Ok(Some((v.clone(), *exp))),
+            Some(_) => Err(EngineError::WrongType),
+        };
+        let hash = || -> Result<(Fields, u64), EngineError> {
+            match &cur {
+                None => Ok((Fields::new(), 0)),
+                Some((Value::Hash(h), exp)) => Ok((h.clone(), *exp)),
+                Some(_) => Err(EngineError::WrongType),
+            }
+        };
+        let k = key.to_vec();
+        Some(match op {
+            KeyOp::Set(v, o) => fmt((|| {
+                let old = if o.get { string()?.map(|x| x.0) } else { None };
+                let exists = cur.is_some();
+                if (o.nx && exists) || (o.xx && !exists) {
+                    return Ok(SetOutcome { set: false, old });
+                }
+                let exp = match o.expire_at_ms {
+                    Some(at) => at,
+                    None if o.keep_ttl => cur.as_ref().map_or(0, |c| c.1),
+                    None => 0,
+                };
+                s.insert(k, (Value::Str(v.clone()), exp));
+                Ok(SetOutcome { set: true, old })
+            })()),
+            KeyOp::Remove => {
+                s.remove(key);
+                if is_x(key) {
+                    return None;
+                }
+                fmt::<bool>(Ok(cur.is_some()))
+            }
+            KeyOp::Append(tail) => fmt((|| {
+                let (mut v, exp) = string()?.unwrap_or_default();
+                v.extend_from_slice(tail);
+                let len = v.len() as u64;
+                s.insert(k, (Value::Str(v), exp));
+                Ok(len)
+            })()),
+            KeyOp::IncrBy(d) => fmt((|| {
+                let (n, exp) = match string()? {
+                    None => (0, 0),
+                    Some((v, exp)) => (parse_int(&v).ok_or(EngineError::NotInteger)?, exp),
+                };
+                let next = n.checked_add(*d).ok_or(EngineError::Overflow)?;
+                s.insert(k, (Value::Str(next.to_string().into_bytes()), exp));
+                Ok(next)
+            })()),
+            KeyOp::HSet(fields) => fmt((|| {
+                let (mut h, exp) = hash()?;
+                let mut added = 0u64;
+                for (f, v) in fields {
+                    added += u64::from(h.insert(f.clone(), v.clone()).is_none());
+                }
+                s.insert(k, (Value::Hash(h), exp));
+                Ok(added)
+            })()),
+            KeyOp::HDel(fields) => fmt((|| {
+                let (mut h, exp) = hash()?;
+                let removed = fields.iter().filter(|f| h.remove(*f).is_some()).count() as u64;
+                if removed > 0 {
+                    if h.is_empty() {
+                        s.remove(key);
+                    } else {
+                        s.insert(k, (Value::Hash(h), exp));
+                    }
+                }
+                Ok(removed)
+            })()),
+            KeyOp::HIncrBy(f, d) => fmt((|| {
+                let (mut h, exp) = hash()?;
+                let n = match h.get(f) {
+                    None => 0,
+                    Some(v) => parse_int(v).ok_or(EngineError::HashNotInteger)?,
+                };
+                let next = n.checked_add(*d).ok_or(EngineError::Overflow)?;
+                h.insert(f.clone(), next.to_string().into_bytes());
+                s.insert(k, (Value::Hash(h), exp));
+                Ok(next)
+            })()),
+            KeyOp::ExpireAt(at, cond) => fmt::<bool>((|| {
+                let Some((v, old)) = cur.clone() else {
+                    return Ok(false);
+                };
+                let ok = match cond {
+                    ExpireIf::Always => true,
+                    ExpireIf::Nx => old == 0,
+                    ExpireIf::Xx => old != 0,
+                    ExpireIf::Gt => old != 0 && *at > old,
+                    ExpireIf::Lt => old == 0 || *at < old,
+                };
+                if ok {
+                    if *at <= now {
+                        s.remove(key);
+                    } else {
+                        s.insert(k, (v, *at));
+                    }
+                }
+                Ok(ok)
+            })()),
+            KeyOp::Persist => fmt::<bool>(match cur.clone() {
+                Some((v, exp)) if exp != 0 => {
+                    s.insert(k, (v, 0));
+                    Ok(true)
+                }
+                _ => Ok(false),
+            }),
+            KeyOp::GetDel => fmt((|| {
+                let old = string()?.map(|x| x.0);
+                if old.is_some() {
+                    s.remove(key);
+                }
+                Ok(old)
+            })()),
+            KeyOp::Get => fmt(string().map(|x| x.map(|x| x.0))),
+        })
+    }
+
+    /// The model of an operation: its replies (None where unknown).
+    fn apply(s: &mut State, op: &Op, now: u64) -> Vec<Option<String>> {
+        match op {
+            Op::One(k, op) => vec![apply_key(s, k, op, now)],
+            Op::Del(keys) => {
+                let n = keys.iter().filter(|k| live(s, k, now).is_some()).count() as u64;
+                for k in keys {
+                    s.remove(k);
+                }
+                let known = !keys.iter().any(|k| is_x(k));
+                vec![known.then(|| format!("{n:?}"))]
+            }
+            Op::MSet(pairs) => {
+                for (k, v) in pairs {
+                    s.insert(k.clone(), (Value::Str(v.clone()), 0));
+                }
+                vec![Some("()".into())]
+            }
+            Op::Txn(keys, ops) => ops
+                .iter()
+                .map(|(i, op)| apply_key(s, &keys[*i], op, now))
+                .collect(),
+            Op::FlushAll => {
+                s.clear();
+                vec![Some("()".into())]
+            }
+        }
+    }
+
+    fn run_in_txn(t: &mut Txn<'_>, k: &[u8], op: &KeyOp) -> String {
+        match op {
+            KeyOp::Set(v, o) => fmt(t.set(k, v, *o)),
+            KeyOp::Remove => fmt::<bool>(Ok(t.remove(k))),
+            KeyOp::Append(tail) => fmt(t.append(k, tail)),
+            KeyOp::IncrBy(d) => fmt(t.incr_by(k, *d)),
+            KeyOp::HSet(f) => {
+                let f: Vec<(&[u8], &[u8])> = f.iter().map(|(a, b)| (&a[..], &b[..])).collect();
+                fmt(t.hset(k, &f))
+            }
+            KeyOp::HDel(f) => {
+                let f: Vec<&[u8]> = f.iter().map(|x| &x[..]).collect();
+                fmt(t.hdel(k, &f))
+            }
+            KeyOp::HIncrBy(f, d) => fmt(t.hincr_by(k, f, *d)),
+            KeyOp::ExpireAt(at, cond) => fmt(t.expire_at(k, *at, *cond)),
+            KeyOp::Persist => fmt(t.persist(k)),
+            KeyOp::GetDel => fmt(t.get_del(k)),
+            KeyOp::Get => fmt(t.get(k)),
+        }
+    }
+
+    /// An operation's replies, or the store's error.
+    type Replies = Result<Vec<String>, EngineError>;
+
+    /// An operation's replies from a method that replies with an error
+    /// when it fails (the reply) or when the store does (Err).
+    fn one<T: Debug>(r: Result<T, EngineError>) -> Replies {
+        match r {
+            Err(e) if !logical(&e) => Err(e),
+            r => Ok(vec![fmt(r)]),
+        }
+    }
+
+    /// Runs `op` on the engine: its replies, or the store's error.
+    fn exec(e: &Engine, op: &Op) -> Replies {
+        match op {
+            Op::One(k, op) => match op {
+                KeyOp::Set(v, o) if !o.get => {
+                    one(e.set(k, v, *o).map(|set| SetOutcome { set, old: None }))
+                }
+                KeyOp::Remove => one(e.del(&[k]).map(|n| n == 1)),
+                KeyOp::IncrBy(d) => one(e.incr_by(k, *d)),
+                KeyOp::HSet(f) => {
+                    let f: Vec<(&[u8], &[u8])> = f.iter().map(|(a, b)| (&a[..], &b[..])).collect();
+                    one(e.hset(k, &f))
+                }
+                KeyOp::HDel(f) => {
+                    let f: Vec<&[u8]> = f.iter().map(|x| &x[..]).collect();
+                    one(e.hdel(k, &f))
+                }
+                KeyOp::Get => one(e.get(k)),
+                op => e.transact(&[k], |t| vec![run_in_txn(t, k, op)]),
+            },
+            Op::Del(keys) => {
+                let keys: Vec<&[u8]> = keys.iter().map(|k| &k[..]).collect();
+                one(e.del(&keys))
+            }
+            Op::MSet(pairs) => {
+                let pairs: Vec<(&[u8], &[u8])> =
+                    pairs.iter().map(|(k, v)| (&k[..], &v[..])).collect();
+                one(e.mset(&pairs))
+            }
+            Op::Txn(keys, ops) => {
+                let refs: Vec<&[u8]> = keys.iter().map(|k| &k[..]).collect();
+                e.transact(&refs, |t| {
+                    ops.iter()
+                        .map(|(i, op)| run_in_txn(t, &keys[*i], op))
+                        .collect()
+                })
+            }
+            Op::FlushAll => one(e.flushall()),
+        }
+    }
+
+    fn value(rng: &mut SmallRng) -> Vec<u8> {
+        if rng.gen_ratio(1, 6) {
+            let n: i64 = match rng.gen_range(0..20) {
+                0 => i64::MAX - rng.gen_range(0..50),
+                1 => i64::MIN + rng.gen_range(0..50),
+                _ => rng.gen_range(-1000..1000),
+            };
+            return n.to_string().into_bytes();
+        }
+        let len = match rng.gen_range(0..100) {
+            0..=11 => rng.gen_range(8_000..40_000),
+            12..=21 => rng.gen_range(1_000..4_000),
+            _ => rng.gen_range(0..300),
+        };
+        let mut v = vec![0u8; len];
+        rng.fill(&mut v[..]);
+        v
+    }
+
+    fn small_value(rng: &mut SmallRng) -> Vec<u8> {
+        if rng.gen_ratio(1, 3) {
+            return rng.gen_range(-50i64..50).to_string().into_bytes();
+        }
+        let mut v = vec![0u8; rng.gen_range(0..40)];
+        rng.fill(&mut v[..]);
+        v
+    }
+
+    fn expiry(rng: &mut SmallRng) -> Option<u64> {
+        match rng.gen_range(0..20) {
+            0..=2 => Some(FAR),
+            3 => Some(FARTHER),
+            4..=5 => Some(PAST),
+            _ => None,
+        }
+    }
+
+    fn expire_if(rng: &mut SmallRng) -> ExpireIf {
+        [
+            ExpireIf::Always,
+            ExpireIf::Nx,
+            ExpireIf::Xx,
+            ExpireIf::Gt,
+            ExpireIf::Lt,
+        ][rng.gen_range(0..5)]
+    }
+
+    /// What one writer knows of its keys.
+    struct Writer {
+        id: usize,
+        keys: Vec<Vec<u8>>,
+        xkeys: Vec<Vec<u8>>,
+        /// The state every acknowledged operation left.
+        acked: State,
+        /// Operations after those whose outcome is unknown, in order.
+        pending: Vec<Op>,
+        /// The operations under way (unlocked), in order.
+        in_flight: Vec<Op>,
+        /// This round's operations (the keys they write) and how they
+        /// ended, for a failure's report.
+        history: Vec<(Option<Vec<Vec<u8>>>, String)>,
+        stats: Stats,
+    }
+
+    #[derive(Clone, Copy, Debug, Default)]
+    struct Stats {
+        acked: u64,
+        refused_after_cut: u64,
+        no_space: u64,
+        pending: u64,
+    }
+
+    impl Writer {
+        fn new(id: usize) -> Writer {
+            Writer {
+                id,
+                keys: (0..KEYS)
+                    .map(|i| format!("w{id}k{i}").into_bytes())
+                    .collect(),
+                xkeys: (0..XKEYS)
+                    .map(|i| format!("w{id}x{i}").into_bytes())
+                    .collect(),
+                acked: State::new(),
+                pending: Vec::new(),
+                in_flight: Vec::new(),
+                history: Vec::new(),
+                stats: Stats::default(),
+            }
+        }
+
+        fn key(&self, rng: &mut SmallRng) -> Vec<u8> {
+            self.keys[rng.gen_range(0..KEYS)].clone()
+        }
+
+        fn xkey(&self, rng: &mut SmallRng) -> Vec<u8> {
+            self.xkeys[rng.gen_range(0..XKEYS)].clone()
+        }
+
+        /// A few distinct keys, some of them short-lived.
+        fn some_keys(&self, rng: &mut SmallRng, n: std::ops::Range<usize>) -> Vec<Vec<u8>> {
+            let n = rng.gen_range(n);
+            let mut out: Vec<Vec<u8>> = Vec::new();
+            while out.len() < n {
+                let k = if rng.gen_ratio(1, 5) {
+                    self.xkey(rng)
+                } else {
+                    self.key(rng)
+                };
+                if !out.contains(&k) {
+                    out.push(k);
+                }
+            }
+            out
+        }
+
+        /// A blind write of a short-lived key (its outcome does not depend
+        /// on whether it has expired).
+        fn x_op(&self, rng: &mut SmallRng) -> KeyOp {
+            if rng.gen_ratio(1, 4) {
+                return KeyOp::Remove;
+            }
+            let at = match rng.gen_range(0..10) {
+                0..=4 => Some(now_ms() + rng.gen_range(5..1500)),
+                5 => Some(PAST),
+                6 => Some(FAR),
+                _ => None,
+            };
+            KeyOp::Set(
+                value(rng),
+                SetOptions {
+                    expire_at_ms: at,
+                    ..SetOptions::default()
+                },
+            )
+        }
+
+        fn key_op(&self, rng: &mut SmallRng, key: &[u8], in_txn: bool) -> KeyOp {
+            if is_x(key) {
+                return self.x_op(rng);
+            }
+            let len = match self.acked.get(key) {
+                Some((Value::Str(s), _)) => s.len(),
+                _ => 0,
+            };
+            match rng.gen_range(0..100) {
+                0..=24 => {
+                    let get = in_txn && rng.gen_ratio(1, 8);
+                    let (nx, xx) = match rng.gen_range(0..10) {
+                        0 => (true, false),
+                        1 => (false, true),
+                        _ => (false, false),
+                    };
+                    KeyOp::Set(
+                        if in_txn { small_value(rng) } else { value(rng) },
+                        SetOptions {
+                            nx,
+                            xx,
+                            expire_at_ms: expiry(rng),
+                            keep_ttl: rng.gen_ratio(1, 6),
+                            get,
+                        },
+                    )
+                }
+                25..=33 => KeyOp::Remove,
+                34..=47 if len > 48_000 => KeyOp::Set(small_value(rng), SetOptions::default()),
+                34..=47 => {
+                    let n = if !in_txn && len < 16_000 && rng.gen_ratio(1, 5) {
+                        rng.gen_range(2_000..8_000)
+                    } else {
+                        rng.gen_range(1..200)
+                    };
+                    let mut tail = vec![0u8; n];
+                    rng.fill(&mut tail[..]);
+                    KeyOp::Append(tail)
+                }
+                48..=56 => KeyOp::IncrBy(if rng.gen_ratio(1, 30) {
+                    i64::MAX / 2
+                } else {
+                    rng.gen_range(-100..100)
+                }),
+                57..=65 => KeyOp::HSet(
+                    (0..rng.gen_range(1..4))
+                        .map(|_| (FIELDS[rng.gen_range(0..6)].to_vec(), small_value(rng)))
+                        .collect(),
+                ),
+                66..=70 => KeyOp::HDel(
+                    (0..rng.gen_range(1..3))
+                        .map(|_| FIELDS[rng.gen_range(0..6)].to_vec())
+                        .collect(),
+                ),
+                71..=75 => {
+                    KeyOp::HIncrBy(FIELDS[rng.gen_range(0..6)].to_vec(), rng.gen_range(-9..9))
+                }
+                76..=85 => KeyOp::ExpireAt(
+                    [FAR, FARTHER, PAST, FAR][rng.gen_range(0..4)],
+                    expire_if(rng),
+                ),
+                86..=91 => KeyOp::Persist,
+                92..=95 => KeyOp::GetDel,
+                _ => KeyOp::Get,
+            }
+        }
+
+        fn gen(&self, rng: &mut SmallRng) -> Op {
+            match rng.gen_range(0..100) {
+                0..=4 => Op::Del(self.some_keys(rng, 1..4)),
+                5..=9 => {
+                    let keys = self.some_keys(rng, 1..4);
+                    Op::MSet(keys.into_iter().map(|k| (k, value(rng))).collect())
+                }
+                // Many small records in one append (they often straddle
+                // the end of the value log's lap).
+                10..=13 => {
+                    let keys = self.some_keys(rng, 4..17);
+                    Op::MSet(keys.into_iter().map(|k| (k, small_value(rng))).collect())
+                }
+                14..=21 => {
+                    let keys = self.some_keys(rng, 2..5);
+                    let ops = (0..rng.gen_range(1..7))
+                        .map(|_| {
+                            let i = rng.gen_range(0..keys.len());
+                            (i, self.key_op(rng, &keys[i], true))
+                        })
+                        .collect();
+                    Op::Txn(keys, ops)
+                }
+                22..=33 => {
+                    let k = self.xkey(rng);
+                    let op = self.x_op(rng);
+                    Op::One(k, op)
+                }
+                _ => {
+                    let k = self.key(rng);
+                    let op = self.key_op(rng, &k, false);
+                    Op::One(k, op)
+                }
+            }
+        }
+
+        /// Records how `op` ended; `cut`: the power cut had begun when it
+        /// returned. Panics on a reply the model does not give, or a
+        /// failure before the cut.
+        fn record(&mut self, op: Op, got: Replies, cut: bool, ctx: &str) {
+            let how = match &got {
+                Ok(r) => format!("{r:?}"),
+                Err(e) => format!("error: {e}"),
+            };
+            let line = format!(
+                "{}{} -> {}",
+                if cut { "(cut) " } else { "" },
+                describe(&op),
+                how.chars().take(200).collect::<String>()
+            );
+            self.history.push((keys_of(&op), line));
+            match got {
+                Err(EngineError::NoSpace) => self.stats.no_space += 1, // nothing logged
+                Err(e) if io(&e) => {
+                    assert!(cut, "{ctx}: an operation before the power cut failed: {e}");
+                    self.pending.push(op);
+                    self.stats.pending += 1;
+                }
+                Err(e) => panic!("{ctx}: unexpected error {e} from {}", describe(&op)),
+                Ok(_) if !self.pending.is_empty() => {
+                    self.pending.push(op);
+                    self.stats.pending += 1;
+                }
+                Ok(replies) => {
+                    // Once the cut began, a reply the model does not give
+                    // (a read that failed inside a transaction) leaves the
+                    // outcome unknown: the model's state is kept to go on.
+                    let mut next = if cut { Some(self.acked.clone()) } else { None };
+                    let want = apply(next.as_mut().unwrap_or(&mut self.acked), &op, now_ms());
+                    let same = want.len() == replies.len()
+                        && want
+                            .iter()
+                            .zip(&replies)
+                            .all(|(w, r)| w.as_ref().is_none_or(|w| w == r));
+                    if !same && !cut {
+                        panic!(
+                            "{ctx}: {} replied {replies:?}, the model says {want:?}",
+                            describe(&op)
+                        );
+                    }
+                    match next {
+                        Some(_) if !same => {
+                            self.pending.push(op);
+                            self.stats.pending += 1;
+                        }
+                        Some(next) => {
+                            self.acked = next;
+                            self.stats.acked += 1;
+                        }
+                        None => self.stats.acked += 1,
+                    }
+                }
+            }
+        }
+
+        /// After a restart: the keys must be the model's state after some
+        /// prefix of the operations of unknown outcome; that state becomes
+        /// the acknowledged one.
+        fn check(&mut self, e: &Engine, ctx: &str) -> u64 {
+            let mut got = Vec::new();
+            for k in self.keys.iter().chain(&self.xkeys) {
+                let t0 = now_ms();
+                let v = e
+                    .transact(&[k], |t| t.entry(k).map(|o| o.cloned()))
+                    .and_then(|r| r)
+                    .unwrap_or_else(|err| panic!("{ctx}: reading {k:?}: {err}"));
+                got.push((k.clone(), v, t0, now_ms()));
+            }
+            let matches =
+                |s: &State, k: &[u8], v: &Option<(Value, u64)>, t0: u64, t1: u64| match s.get(k) {
+                    None => v.is_none(),
+                    Some((_, exp)) if *exp != 0 && *exp <= t0 => v.is_none(),
+                    Some(want) if want.1 == 0 || want.1 > t1 => v.as_ref() == Some(want),
+                    Some(want) => v.is_none() || v.as_ref() == Some(want),
+                };
+            let all = |s: &State| got.iter().all(|(k, v, t0, t1)| matches(s, k, v, *t0, *t1));
+            let mut cand = self.acked.clone();
+            let mut applied = 0;
+            let mut ok = all(&cand);
+            while !ok && applied < self.pending.len() {
+                apply(&mut cand, &self.pending[applied], now_ms());
+                applied += 1;
+                ok = all(&cand);
+            }
+            if !ok {
+                let mut report = String::new();
+                let show = |v: Option<&(Value, u64)>| match v {
+                    None => "absent".to_owned(),
+                    Some((Value::Str(s), exp)) => format!("string {} expiry {exp}", short(s)),
+                    Some((Value::Hash(h), exp)) => {
+                        format!("hash of {} fields expiry {exp}", h.len())
+                    }
+                };
+                for (k, v, t0, t1) in &got {
+                    if matches(&self.acked, k, v, *t0, *t1) {
+                        continue;
+                    }
+                    report += &format!(
+                        "\n  key {}: got {}, acknowledged {}, after every unknown op {}",
+                        String::from_utf8_lossy(k),
+                        show(v.as_ref()),
+                        show(self.acked.get(k)),
+                        show(cand.get(k))
+                    );
+                    report += "\n    ops of the round on it:";
+                    let touched = self
+                        .history
+                        .iter()
+                        .filter(|(keys, _)| keys.as_ref().is_none_or(|ks| ks.contains(k)));
+                    for (_, line) in touched {
+                        report += &format!("\n      {line}");
+                    }
+                }
+                panic!(
+                    "{ctx}: writer {}: the store after the restart is no prefix of the unknown \
+                     operations ({} of them, {} ops acknowledged this round):{report}",
+                    self.id,
+                    self.pending.len(),
+                    self.stats.acked
+                );
+            }
+            self.acked = got
+                .into_iter()
+                .filter_map(|(k, v, _, _)| v.map(|v| (k, v)))
+                .collect();
+            self.pending.clear();
+            self.history.clear();
+            self.stats = Stats::default();
+            applied as u64
+        }
+    }
+
+    /// A barrier that a writer's panic breaks, so the others stop rather
+    /// than wait for it for good.
+    struct Gate {
+        /// Writers waiting, the generation, broken.
+        state: Mutex<(usize, u64, bool)>,
+        cv: Condvar,
+        n: usize,
+    }
+
+    impl Gate {
+        fn new(n: usize) -> Gate {
+            Gate {
+                state: Mutex::new((0, 0, false)),
+                cv: Condvar::new(),
+                n,
+            }
+        }
+
+        /// Waits for every writer; false if one panicked.
+        fn wait(&self) -> bool {
+            let mut st = self.state.lock().unwrap();
+            let generation = st.1;
+            st.0 += 1;
+            if st.0 == self.n {
+                st.0 = 0;
+                st.1 += 1;
+                self.cv.notify_all();
+            }
+            while st.1 == generation && !st.2 {
+                st = self.cv.wait(st).unwrap();
+            }
+            !st.2
+        }
+
+        fn break_(&self) {
+            self.state.lock().unwrap().2 = true;
+            self.cv.notify_all();
+        }
+    }
+
+    /// Breaks the gate if its writer panics.
+    struct BreakOnPanic<'a>(&'a Gate);
+
+    impl Drop for BreakOnPanic<'_> {
+        fn drop(&mut self) {
+            if std::thread::panicking() {
+                self.0.break_();
+            }
+        }
+    }
+
+    /// What the threads of one round share.
+    struct Shared {
+        dev: Arc<FaultyDevice>,
+        ops: AtomicUsize,
+        cut_at: usize,
+        cut_started: AtomicBool,
+        cut_done: AtomicBool,
+        gate: Gate,
+        /// FLUSHALL's result (writer 0 runs it between phases), and
+        /// whether it was issued after the cut.
+        flushed: Mutex<Option<(bool, Replies)>>,
+        /// Writer 0 runs a FLUSHALL issued before the cut.
+        flush_in_flight: AtomicBool,
+    }
+
+    impl Shared {
+        fn cut(&self) {
+            self.cut_started.store(true, SeqCst);
+            self.dev.power_cut().unwrap();
+            self.cut_done.store(true, SeqCst);
+        }
+    }
+
+    /// One writer's part of a round: `phases` of (operations, FLUSHALL
+    /// after them). The model is locked only between operations, so the
+    /// round's end can take it from a writer stuck in one.
+    fn write(
+        e: &Engine,
+        w: &Mutex<Writer>,
+        sh: &Shared,
+        phases: &[(usize, bool)],
+        rng: &mut SmallRng,
+        ctx: &str,
+    ) {
+        let _gate = BreakOnPanic(&sh.gate);
+        let id = w.lock().unwrap().id;
+        for &(n, flush) in phases {
+            for _ in 0..n {
+                if sh.ops.fetch_add(1, SeqCst) == sh.cut_at {
+                    sh.cut();
+                }
+                if sh.cut_done.load(SeqCst) {
+                    let (k, v) = {
+                        let w = w.lock().unwrap();
+                        if w.stats.refused_after_cut >= 3 {
+                            continue;
+                        }
+                        (w.key(rng), small_value(rng))
+                    };
+                    // A write issued after the cut is never acknowledged.
+                    let r = e.set(&k, &v, SetOptions::default());
+                    assert!(
+                        r.is_err(),
+                        "{ctx}: a SET issued after the power cut was acknowledged"
+                    );
+                    w.lock().unwrap().stats.refused_after_cut += 1;
+                    continue;
+                }
+                // Generated, then marked in flight, then run unlocked.
+                let next = |rng: &mut SmallRng| {
+                    let mut w = w.lock().unwrap();
+                    let op = w.gen(rng);
+                    w.in_flight.push(op.clone());
+                    op
+                };
+                if rng.gen_ratio(1, 12) {
+                    // A round of deferred commits: acknowledged when its
+                    // commit returns.
+                    let round = e.defer_commits();
+                    let ops: Vec<(Op, _)> = (0..rng.gen_range(2..6))
+                        .map(|_| {
+                            let op = next(rng);
+                            let r = exec(e, &op);
+                            (op, r)
+                        })
+                        .collect();
+                    let committed = round.commit();
+                    drop(round);
+                    let cut = sh.cut_started.load(SeqCst);
+                    let mut w = w.lock().unwrap();
+                    w.in_flight.clear();
+                    match committed {
+                        Ok(()) => {
+                            for (op, r) in ops {
+                                w.record(op, r, cut, ctx);
+                            }
+                        }
+                        Err(err) => {
+                            assert!(cut, "{ctx}: a round's commit before the cut failed: {err}");
+                            for (op, r) in ops {
+                                let how = match &r {
+                                    Ok(r) => format!("{r:?}"),
+                                    Err(e) => format!("error: {e}"),
+                                };
+                                let line = format!(
+                                    "(cut, round not committed) {} -> {how}",
+                                    describe(&op)
+                                );
+                                w.history.push((keys_of(&op), line));
+                                if !matches!(r, Err(EngineError::NoSpace)) {
+                                    w.pending.push(op);
+                                    w.stats.pending += 1;
+                                }
+                            }
+                        }
+                    }
+                } else {
+                    let op = next(rng);
+                    let r = exec(e, &op);
+                    let cut = sh.cut_started.load(SeqCst);
+                    let mut w = w.lock().unwrap();
+                    w.in_flight.clear();
+                    w.record(op, r, cut, ctx);
+                }
+            }
+            if !sh.gate.wait() {
+                return;
+            }
+            if flush && id == 0 {
+                let after = sh.cut_done.load(SeqCst);
+                sh.flush_in_flight.store(!after, SeqCst);
+                let r = one(e.flushall());
+                assert!(
+                    !(after && r.is_ok()),
+                    "{ctx}: a FLUSHALL issued after the power cut was acknowledged"
+                );
+                *sh.flushed.lock().unwrap() = Some((after, r));
+                sh.flush_in_flight.store(false, SeqCst);
+            }
+            if !sh.gate.wait() {
+                return;
+            }
+            if flush {
+                let (after, r) = match sh.flushed.lock().unwrap().as_ref() {
+                    Some((after, Ok(r))) => (*after, Ok(r.clone())),
+                    Some((after, Err(e))) => (*after, Err(EngineError::Failed(e.to_string()))),
+                    None => unreachable!("writer 0 ran FLUSHALL"),
+                };
+                if !after {
+                    let cut = sh.cut_started.load(SeqCst);
+                    w.lock().unwrap().record(Op::FlushAll, r, cut, ctx);
+                }
+            }
+        }
+    }
+
+    /// What a seed's rounds did, summed.
+    #[derive(Debug, Default)]
+    pub(super) struct Totals {
+        acked: u64,
+        unknown: u64,
+        unknown_applied: u64,
+        refused_after_cut: u64,
+        stuck_after_cut: u64,
+        recovery_cuts: u64,
+        cleaned_records: u64,
+        checkpoints: u64,
+        snapshots: u64,
+        rewrites: u64,
+    }
+
+    impl Totals {
+        pub(super) fn add(&mut self, o: &Totals) {
+            self.acked += o.acked;
+            self.unknown += o.unknown;
+            self.unknown_applied += o.unknown_applied;
+            self.refused_after_cut += o.refused_after_cut;
+            self.recovery_cuts += o.recovery_cuts;
+            self.stuck_after_cut += o.stuck_after_cut;
+            self.cleaned_records += o.cleaned_records;
+            self.checkpoints += o.checkpoints;
+            self.snapshots += o.snapshots;
+            self.rewrites += o.rewrites;
+        }
+    }
+
+    /// The device after a power cut: a new one holding what `mem` held when
+    /// the power went. The old one stays off, so no thread of the old
+    /// engine (one left waiting for good, see below) can write to it.
+    fn restarted(mem: &MemDevice, faults: &FaultConfig) -> (Arc<MemDevice>, Arc<FaultyDevice>) {
+        let size = mem.info().capacity;
+        let image = submit_and_wait(mem, Command::read(0, size as usize, Class::NonCritical));
+        image.result.unwrap();
+        let next = Arc::new(MemDevice::new(size));
+        let done = submit_and_wait(&*next, Command::write(0, image.buf, Class::NonCritical));
+        done.result.unwrap();
+        let dev = Arc::new(FaultyDevice::new(next.clone(), faults.clone()).unwrap());
+        (next, dev)
+    }
+
+    /// One seed: `rounds` rounds of writes, each ended by a power cut.
+    pub(super) fn power_cuts(seed: u64, rounds: usize) -> Totals {
+        let ctx = format!("reproduce with SEED={seed}");
+        let mut faults = FaultConfig {
+            seed,
+            torn_writes: seed % 2 == 0,
+            ..FaultConfig::default()
+        };
+        let mut mem = Arc::new(MemDevice::new(4 * MIB));
+        let mut dev = Arc::new(FaultyDevice::new(mem.clone(), faults.clone()).unwrap());
+        let cfg = EngineConfig {
+            log_bytes: MIB,
+            dump_pct: 25,
+            checkpoint_interval_ms: [5, 20, 0][(seed / 3 % 3) as usize],
+            clean_free_pct: [6, 25, 60][(seed / 9 % 3) as usize],
+            value_bytes_max: 128 << 10,
+            ..EngineConfig::default()
+        };
+        let log = LogConfig {
+            record_bytes_max: 256 << 10,
+            batch_bytes_max: 384 << 10,
+            pending_bytes_max: 512 << 10,
+            ..LogConfig::default()
+        };
+        let open = |dev: &Arc<FaultyDevice>| Engine::open(&stack_on(dev.clone(), MIB, log), cfg);
+        let mut rng = SmallRng::seed_from_u64(seed);
+        let threads = 1 + (seed % 3) as usize;
+        let mut writers: Vec<Writer> = (0..threads).map(Writer::new).collect();
+        let mut totals = Totals::default();
+        // A hang (a deadlock) fails the test rather than stall it.
+        let (alive, watched) = std::sync::mpsc::channel::<()>();
+        let watchdog = {
+            let ctx = ctx.clone();
+            std::thread::spawn(move || loop {
+                match watched.recv_timeout(Duration::from_secs(60)) {
+                    Ok(()) => {}
+                    Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => return,
+                    Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                        eprintln!("a round has run for a minute: a hang; {ctx}");
+                        std::process::abort();
+                    }
+                }
+            })
+        };
+        for round in 0..=rounds {
+            alive.send(()).unwrap();
+            let ctx = format!("round {round}: {ctx}");
+            if round > 0 && rng.gen_ratio(1, 3) {
+                // The power goes again while the store recovers (or soon
+                // after): what it recovered must still be there after the
+                // next restart, none of it lost or made up.
+                let delay = Duration::from_micros(rng.gen_range(0..20_000));
+                let cutter = {
+                    let dev = dev.clone();
+                    std::thread::spawn(move || {
+                        std::thread::sleep(delay);
+                        dev.power_cut().unwrap();
+                    })
+                };
+                drop(open(&dev));
+                cutter.join().unwrap();
+                faults.seed = rng.gen();
+                (mem, dev) = restarted(&mem, &faults);
+                totals.recovery_cuts += 1;
+            }
+            let e = open(&dev).unwrap_or_else(|err| panic!("{ctx}: reopening failed: {err}"));
+            for w in &mut writers {
+                totals.unknown_applied += w.check(&e, &ctx);
+            }
+            let late = format!("after-cut-{}", round.saturating_sub(1));
+            assert_eq!(e.get(late.as_bytes()).unwrap(), None, "{ctx}: {late}");
+            if round == rounds {
+                e.close().unwrap();
+                break;
+            }
+            let e = Arc::new(e);
+            let phases: Vec<(usize, bool)> = (0..rng.gen_range(1..5))
+                .map(|_| (rng.gen_range(300..1500) / threads, rng.gen_ratio(1, 8)))
+                .collect();
+            let total: usize = threads * phases.iter().map(|p| p.0).sum::<usize>();
+            let sh = Arc::new(Shared {
+                dev: dev.clone(),
+                ops: AtomicUsize::new(0),
+                // Some rounds are cut after the writes, background work going on.
+                cut_at: rng.gen_range(0..total + total / 5 + 1),
+                cut_started: AtomicBool::new(false),
+                cut_done: AtomicBool::new(false),
+                gate: Gate::new(threads),
+                flushed: Mutex::new(None),
+                flush_in_flight: AtomicBool::new(false),
+            });
+            let stop = Arc::new(AtomicBool::new(false));
+            // Background jobs every few ms, or rarely (then the writers
+            // run the value log full and wait for the cleaner).
+            let gap = [0..6, 20..150][rng.gen_range(0..2)].clone();
+            let chaos = {
+                let (e, stop) = (e.clone(), stop.clone());
+                let mut rng = SmallRng::seed_from_u64(rng.gen());
+                std::thread::spawn(move || {
+                    while !stop.load(SeqCst) {
+                        std::thread::sleep(Duration::from_millis(rng.gen_range(gap.clone())));
+                        match rng.gen_range(0..10) {
+                            0..=3 => drop(e.save()),
+                            4..=6 => drop(e.bgsave()),
+                            _ => drop(e.bgrewrite()),
+                        }
+                    }
+                })
+            };
+            let models: Vec<Arc<Mutex<Writer>>> =
+                writers.drain(..).map(|w| Arc::new(Mutex::new(w))).collect();
+            let (tasks_tx, tasks) = std::sync::mpsc::channel();
+            let handles: Vec<_> = models
+                .iter()
+                .map(|w| {
+                    let (e, sh, phases, ctx) = (e.clone(), sh.clone(), phases.clone(), ctx.clone());
+                    let (w, tasks_tx) = (w.clone(), tasks_tx.clone());
+                    let mut rng = SmallRng::seed_from_u64(rng.gen());
+                    std::thread::spawn(move || {
+                        // As a server's request workers.
+                        critio::context::set_foreground();
+                        tasks_tx.send(critio::context::current()).unwrap();
+                        write(&e, &w, &sh, &phases, &mut rng, &ctx);
+                    })
+                })
+                .collect();
+            let tasks: Vec<_> = (0..threads).map(|_| tasks.recv().unwrap()).collect();
+            // Writers the cut left waiting for good: a writer waiting for
+            // room in the WAL or the value log when the power went waits
+            // for a checkpoint, and none succeeds on a device without
+            // power. (A real power cut ends the process.)
+            let unfinished = |handles: &[std::thread::JoinHandle<()>]| {
+                handles.iter().filter(|h| !h.is_finished()).count()
+            };
+            let start = std::time::Instant::now();
+            while unfinished(&handles) > 0
+                && (!sh.cut_done.load(SeqCst) || start.elapsed() < Duration::from_secs(3))
+            {
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            let stuck = unfinished(&handles) > 0;
+            if stuck {
+                // The others are released (they wait at the gate).
+                sh.gate.break_();
+                std::thread::sleep(Duration::from_millis(200));
+                let waiting: Vec<_> = tasks.iter().filter_map(|t| t.blocking_status()).collect();
+                assert!(
+                    waiting.len() == unfinished(&handles)
+                        && waiting.iter().all(|w| matches!(w,
+                            critio::context::BlockingStatus::Condvar { name }
+                                if [critio::log::SPACE_POINT, "kv: space"].contains(name))),
+                    "{ctx}: writers still at work 3 s after the cut: {waiting:?}"
+                );
+            }
+            let mut panicked = None;
+            for h in handles {
+                if h.is_finished() {
+                    if let Err(panic) = h.join() {
+                        panicked = panicked.or(Some(panic));
+                    }
+                }
+            }
+            if let Some(panic) = panicked {
+                stop.store(true, SeqCst);
+                std::panic::resume_unwind(panic)
+            }
+            for w in &models {
+                let mut w = w.lock().unwrap();
+                // Operations left waiting may yet have been logged: their
+                // outcome is unknown (a FLUSHALL's for every writer).
+                let in_flight = std::mem::take(&mut w.in_flight);
+                w.stats.pending += in_flight.len() as u64;
+                w.pending.extend(in_flight);
+                if sh.flush_in_flight.load(SeqCst) {
+                    w.pending.push(Op::FlushAll);
+                }
+                let id = w.id;
+                writers.push(std::mem::replace(&mut *w, Writer::new(id)));
+            }
+            if !sh.cut_done.load(SeqCst) {
+                std::thread::sleep(Duration::from_millis(rng.gen_range(0..20)));
+                sh.cut();
+            }
+            let late = format!("after-cut-{round}");
+            if !stuck {
+                assert!(
+                    e.set(late.as_bytes(), b"x", SetOptions::default()).is_err(),
+                    "{ctx}: a SET after the power cut was acknowledged"
+                );
+            }
+            stop.store(true, SeqCst);
+            chaos.join().unwrap();
+            let s = e.background_stats();
+            totals.cleaned_records += s.cleaned_records;
+            totals.checkpoints += s.checkpoints;
+            totals.snapshots += s.snapshots;
+            totals.rewrites += s.rewrites;
+            totals.stuck_after_cut += u64::from(stuck);
+            for w in &writers {
+                totals.acked += w.stats.acked;
+                totals.unknown += w.stats.pending;
+                totals.refused_after_cut += w.stats.refused_after_cut;
+            }
+            if std::env::var_os("VERBOSE").is_some() {
+                let st: Vec<Stats> = writers.iter().map(|w| w.stats).collect();
+                eprintln!(
+                    "seed {seed} round {round}: {total} ops, cut at {}{}; {st:?}; cleaned {} \
+                     checkpoints {} snapshots {} rewrites {} space {:?}",
+                    sh.cut_at,
+                    if stuck { " (writers left waiting)" } else { "" },
+                    s.cleaned_records,
+                    s.checkpoints,
+                    s.snapshots,
+                    s.rewrites,
+                    e.space()
+                );
+            }
+            if !stuck {
+                // Waits for the BGSAVE and BGREWRITEAOF threads.
+                let _ = e.close();
+                drop(sh);
+                let e = Arc::into_inner(e).expect("the old engine is still shared");
+                drop(e);
+            }
+            faults.seed = rng.gen();
+            (mem, dev) = restarted(&mem, &faults);
+        }
+        drop(alive);
+        watchdog.join().unwrap();
+        totals
+    }
+}
+
+/// See [`mixed_ops`]. `SEED=n` runs one seed, `SEEDS=a..b` a range.
+#[test]
+fn every_operation_survives_power_cuts_racing_background_work() {
+    let seeds: Vec<u64> = match (std::env::var("SEED"), std::env::var("SEEDS")) {
+        (Ok(s), _) => vec![s.parse().expect("SEED is a number")],
+        (_, Ok(r)) => {
+            let (a, b) = r.split_once("..").expect("SEEDS is a..b");
+            (a.parse().unwrap()..b.parse().unwrap()).collect()
+        }
+        _ => (1..=20).collect(),
+    };
+    let mut totals = mixed_ops::Totals::default();
+    for seed in seeds {
+        totals.add(&mixed_ops::power_cuts(seed, 4));
+    }
+    eprintln!("{totals:?}");
+}
