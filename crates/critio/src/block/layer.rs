@@ -179,7 +179,10 @@ enum Started {
 
 std::thread_local! {
     /// Whether this thread is in a dispatcher's turn (between taking a
-    /// batch and ending the turn under the core lock).
+    /// batch and ending the turn under the core lock). One flag for every
+    /// layer: no device below a block layer submits to another block layer
+    /// from inside its `submit` (`end_turn` asserts the flag in debug
+    /// builds, so a device that did would be caught by the tests).
     static IN_TURN: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
