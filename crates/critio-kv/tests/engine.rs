@@ -1978,8 +1978,9 @@ mod mixed_ops {
                 sh.cut();
             }
             if !stuck {
-                // A SET after the cut is refused, or waits for good for room
-                // that no checkpoint makes (see above).
+                // A SET after the cut is refused, or waits for room that no
+                // checkpoint makes (see above) until a checkpoint fails the
+                // engine, which these rounds may not take within the wait.
                 let (done_tx, done) = std::sync::mpsc::channel();
                 let (task_tx, task) = std::sync::mpsc::channel();
                 let setter = {

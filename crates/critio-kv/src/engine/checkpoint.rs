@@ -572,6 +572,19 @@ impl Inner {
                 bg.stats.last_error = Some(format!("checkpoint: {e}"));
             }
         }
+        drop(bg);
+        // A checkpoint the device failed (its flush of the value log's
+        // pages, the superblock's write or flush, the log's truncation)
+        // fails the engine, as Redis stops taking writes when a save
+        // fails: no space in the log or the value log comes back without
+        // one, so writers waiting for room would wait for good on a dead
+        // device; now they, and every later write, get the error.
+        // Acknowledged writes are in the log: a restart recovers them.
+        if let Err(e @ (EngineError::Cache(_) | EngineError::Block(_) | EngineError::Log(_))) =
+            &result
+        {
+            self.fail(format!("checkpoint: {e}"));
+        }
         result.map(|lsn| CheckpointReport {
             lsn,
             duration_ms: ms,
@@ -841,6 +854,95 @@ mod tests {
         writer.join().unwrap();
         drop(Arc::into_inner(e).unwrap());
         let e = open(&dev);
+        for i in 0..acked {
+            assert_eq!(e.get(&key(i)).unwrap(), Some(value(i)), "key {i}");
+        }
+        assert_eq!(e.get(b"later").unwrap(), None);
+    }
+
+    /// A memory device whose writes and flushes fail while it is armed (a
+    /// disk that died).
+    struct DeadWhenArmed {
+        mem: Arc<MemDevice>,
+        armed: std::sync::atomic::AtomicBool,
+    }
+
+    impl critio::device::Device for DeadWhenArmed {
+        fn info(&self) -> &critio::device::DeviceInfo {
+            self.mem.info()
+        }
+
+        fn submit(&self, cmd: critio::device::Command, done: critio::device::Completer) {
+            use critio::device::{Completion, DeviceError, Op};
+            if cmd.op != Op::Read && self.armed.load(std::sync::atomic::Ordering::SeqCst) {
+                let (op, offset) = (cmd.op, cmd.offset);
+                return done(Completion {
+                    result: Err(DeviceError::Io {
+                        device: "dead-when-armed".into(),
+                        op,
+                        offset,
+                        source: std::io::Error::other("the disk is gone"),
+                    }),
+                    buf: cmd.buf,
+                });
+            }
+            self.mem.submit(cmd, done)
+        }
+    }
+
+    /// The device dies while a writer waits for room in the log or the
+    /// value log: no checkpoint can make room any more, and the first one
+    /// that fails fails the engine, so the writer gets an error instead of
+    /// waiting for good (it used to: a failed checkpoint was only counted),
+    /// and so does every later write; nothing acknowledged is lost.
+    #[test]
+    fn a_checkpoint_the_device_fails_fails_the_writers_waiting_for_room() {
+        use std::sync::atomic::Ordering;
+        let dev = Arc::new(DeadWhenArmed {
+            mem: Arc::new(MemDevice::new(32 << 20)),
+            armed: false.into(),
+        });
+        let e = Arc::new(crate::engine::clean::tests::open_over(dev.clone()).unwrap());
+        let held = e.inner.ckpt.lock();
+        let (tx, rx) = mpsc::channel();
+        let (done_tx, done) = mpsc::channel();
+        let writer = {
+            let e = e.clone();
+            std::thread::spawn(move || {
+                tx.send(critio::context::current()).unwrap();
+                let mut acked = 0;
+                let err = loop {
+                    match e.set(&key(acked), &value(acked), SetOptions::default()) {
+                        Ok(_) => acked += 1,
+                        Err(err) => break err,
+                    }
+                };
+                done_tx.send((acked, err)).unwrap();
+            })
+        };
+        let task = rx.recv().unwrap();
+        wait_until("the writer waits for room", || {
+            matches!(task.blocking_status(), Some(BlockingStatus::Condvar { name })
+                if name == critio::log::SPACE_POINT || name == "kv: space")
+        });
+        dev.armed.store(true, Ordering::SeqCst);
+        drop(held);
+        let (acked, err) = done
+            .recv_timeout(Duration::from_secs(30))
+            .expect("the writer still waits for room 30 s after the device died");
+        assert!(
+            matches!(&err, EngineError::Failed(why) if why.contains("the disk is gone")),
+            "{err}"
+        );
+        assert!(acked > 100, "{acked} writes before the log filled");
+        assert!(matches!(
+            e.set(b"later", b"x", SetOptions::default()),
+            Err(EngineError::Failed(_))
+        ));
+        writer.join().unwrap();
+        drop(Arc::into_inner(e).unwrap());
+        dev.armed.store(false, Ordering::SeqCst);
+        let e = crate::engine::clean::tests::open_over(dev).unwrap();
         for i in 0..acked {
             assert_eq!(e.get(&key(i)).unwrap(), Some(value(i)), "key {i}");
         }

@@ -322,7 +322,7 @@ pub(super) mod tests {
     }
 
     /// [`open`] over any device.
-    fn open_over(dev: Arc<dyn Device>) -> Result<Engine, EngineError> {
+    pub(in crate::engine) fn open_over(dev: Arc<dyn Device>) -> Result<Engine, EngineError> {
         let mut config = Config::default();
         config.cache.capacity_bytes = 1 << 20;
         config.context.background_nice = 0;

@@ -36,8 +36,9 @@
 //! critical, and its I/O with it.
 //!
 //! Failure: when a logged write cannot be applied, the cleaner cannot
-//! write copies it has placed, or a background thread (the checkpointer,
-//! BGSAVE, BGREWRITEAOF) panics, the engine fails
+//! write copies it has placed, the device fails a checkpoint, or a
+//! background thread (the checkpointer, BGSAVE, BGREWRITEAOF) panics, the
+//! engine fails
 //! ([`EngineError::Failed`]): writes, and writers already waiting for
 //! space in either log, get the error instead of waiting for a thread
 //! that will never make room; reads go on; no checkpoint is taken past the
