@@ -788,24 +788,16 @@ mod tests {
         }
     }
 
-    fn assert_failed(e: &EngineError, thread: &str) {
-        let why = format!("{thread} panicked: a panic injected into {thread}");
-        assert!(matches!(e, EngineError::Failed(w) if *w == why), "{e}");
-        assert!(
-            e.to_string().contains("restart to recover from the log"),
-            "{e}"
-        );
-    }
-
-    /// The checkpointer dies while a writer waits for it to make room: the
-    /// writer gets the engine's failure instead of waiting forever, reads
-    /// go on, and every acknowledged write is there after a restart.
-    #[test]
-    fn a_checkpointer_that_panics_fails_the_writers_waiting_for_room_and_loses_nothing() {
-        let dev = Arc::new(MemDevice::new(32 << 20));
-        let e = Arc::new(open(&dev));
-        // Hold the checkpointer back until the writer waits for room.
-        let held = e.inner.ckpt.lock();
+    /// A thread that writes new keys until a write is refused; returns
+    /// once it waits for room in the WAL or the value log (the caller holds
+    /// the checkpointer back). It reports how many writes were
+    /// acknowledged, and the error.
+    fn write_until_refused(
+        e: &Arc<crate::engine::Engine>,
+    ) -> (
+        std::thread::JoinHandle<()>,
+        mpsc::Receiver<(usize, EngineError)>,
+    ) {
         let (tx, rx) = mpsc::channel();
         let (done_tx, done) = mpsc::channel();
         let writer = {
@@ -827,6 +819,28 @@ mod tests {
             matches!(task.blocking_status(), Some(BlockingStatus::Condvar { name })
                 if name == critio::log::SPACE_POINT || name == "kv: space")
         });
+        (writer, done)
+    }
+
+    fn assert_failed(e: &EngineError, thread: &str) {
+        let why = format!("{thread} panicked: a panic injected into {thread}");
+        assert!(matches!(e, EngineError::Failed(w) if *w == why), "{e}");
+        assert!(
+            e.to_string().contains("restart to recover from the log"),
+            "{e}"
+        );
+    }
+
+    /// The checkpointer dies while a writer waits for it to make room: the
+    /// writer gets the engine's failure instead of waiting forever, reads
+    /// go on, and every acknowledged write is there after a restart.
+    #[test]
+    fn a_checkpointer_that_panics_fails_the_writers_waiting_for_room_and_loses_nothing() {
+        let dev = Arc::new(MemDevice::new(32 << 20));
+        let e = Arc::new(open(&dev));
+        // Hold the checkpointer back until the writer waits for room.
+        let held = e.inner.ckpt.lock();
+        let (writer, done) = write_until_refused(&e);
         *e.inner.inject_panic.lock() = Some("kv-checkpointer");
         drop(held);
         let (acked, err) = done
@@ -904,27 +918,7 @@ mod tests {
         });
         let e = Arc::new(crate::engine::clean::tests::open_over(dev.clone()).unwrap());
         let held = e.inner.ckpt.lock();
-        let (tx, rx) = mpsc::channel();
-        let (done_tx, done) = mpsc::channel();
-        let writer = {
-            let e = e.clone();
-            std::thread::spawn(move || {
-                tx.send(critio::context::current()).unwrap();
-                let mut acked = 0;
-                let err = loop {
-                    match e.set(&key(acked), &value(acked), SetOptions::default()) {
-                        Ok(_) => acked += 1,
-                        Err(err) => break err,
-                    }
-                };
-                done_tx.send((acked, err)).unwrap();
-            })
-        };
-        let task = rx.recv().unwrap();
-        wait_until("the writer waits for room", || {
-            matches!(task.blocking_status(), Some(BlockingStatus::Condvar { name })
-                if name == critio::log::SPACE_POINT || name == "kv: space")
-        });
+        let (writer, done) = write_until_refused(&e);
         dev.armed.store(true, Ordering::SeqCst);
         drop(held);
         let (acked, err) = done

@@ -340,6 +340,22 @@ pub(super) mod tests {
         format!("k{i:03}").into_bytes()
     }
 
+    /// The 16 KiB value [`fill_lap_to_within`] writes.
+    const LAP_FILL: [u8; 16 << 10] = [7u8; 16 << 10];
+
+    /// Writes 16 KiB values (to keys 0..40, in turn) until less than
+    /// `left` bytes of the value log's lap are left.
+    fn fill_lap_to_within(e: &Engine, left: u64) {
+        let vlog = &e.inner.vlog;
+        let region = vlog.region();
+        let value = LAP_FILL;
+        let mut i = 0;
+        while region - vlog.head() % region > left {
+            e.set(&key(i % 40), &value, SetOptions::default()).unwrap();
+            i += 1;
+        }
+    }
+
     /// A record can fill its lap of the value log to the last byte, with
     /// no padding after it; a scan (the cleaner's, a snapshot's) goes on
     /// into the next lap. It used to find its read-ahead stopped at the
@@ -351,12 +367,7 @@ pub(super) mod tests {
         let e = open(&dev);
         let vlog = &e.inner.vlog;
         let region = vlog.region();
-        let value = vec![7u8; 16 << 10];
-        let mut i = 0;
-        while region - vlog.head() % region > 20 << 10 {
-            e.set(&key(i % 40), &value, SetOptions::default()).unwrap();
-            i += 1;
-        }
+        fill_lap_to_within(&e, 20 << 10);
         // One record exactly as long as what is left of the lap.
         let last = vlog.head();
         let left = (region - last % region) as usize;
@@ -403,12 +414,7 @@ pub(super) mod tests {
         let e = open(&dev);
         let vlog = &e.inner.vlog;
         let region = vlog.region();
-        let value = vec![7u8; 16 << 10];
-        let mut i = 0;
-        while region - vlog.head() % region > 20 << 10 {
-            e.set(&key(i % 40), &value, SetOptions::default()).unwrap();
-            i += 1;
-        }
+        fill_lap_to_within(&e, 20 << 10);
         // One record exactly as long as what is left of the lap, and one
         // after it, in one write.
         let last = vlog.head();
@@ -423,7 +429,7 @@ pub(super) mod tests {
         let check = |e: &Engine| {
             assert_eq!(e.get(&k).unwrap(), Some(fill.clone()));
             assert_eq!(e.get(&k2).unwrap(), Some(next.clone()));
-            assert_eq!(e.get(&key(0)).unwrap(), Some(value.clone()));
+            assert_eq!(e.get(&key(0)).unwrap(), Some(LAP_FILL.to_vec()));
         };
         check(&e);
         e.close().unwrap();
