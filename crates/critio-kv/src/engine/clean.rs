@@ -340,20 +340,26 @@ pub(super) mod tests {
         format!("k{i:03}").into_bytes()
     }
 
-    /// The 16 KiB value [`fill_lap_to_within`] writes.
+    /// The 16 KiB value [`near_a_laps_end`] writes.
     const LAP_FILL: [u8; 16 << 10] = [7u8; 16 << 10];
 
-    /// Writes 16 KiB values (to keys 0..40, in turn) until less than
-    /// `left` bytes of the value log's lap are left.
-    fn fill_lap_to_within(e: &Engine, left: u64) {
+    /// Writes 16 KiB values (to keys 0..40, in turn) until less than 20
+    /// KiB of the value log's lap are left. Returns the head, what is left
+    /// of the lap, and a value that makes `key(999)`'s record exactly
+    /// that long.
+    fn near_a_laps_end(e: &Engine) -> (u64, usize, Vec<u8>) {
         let vlog = &e.inner.vlog;
         let region = vlog.region();
-        let value = LAP_FILL;
         let mut i = 0;
-        while region - vlog.head() % region > left {
-            e.set(&key(i % 40), &value, SetOptions::default()).unwrap();
+        while region - vlog.head() % region > 20 << 10 {
+            e.set(&key(i % 40), &LAP_FILL, SetOptions::default())
+                .unwrap();
             i += 1;
         }
+        let last = vlog.head();
+        let left = (region - last % region) as usize;
+        let fill = vec![9u8; left - record::HEADER - key(999).len()];
+        (last, left, fill)
     }
 
     /// A record can fill its lap of the value log to the last byte, with
@@ -367,12 +373,9 @@ pub(super) mod tests {
         let e = open(&dev);
         let vlog = &e.inner.vlog;
         let region = vlog.region();
-        fill_lap_to_within(&e, 20 << 10);
         // One record exactly as long as what is left of the lap.
-        let last = vlog.head();
-        let left = (region - last % region) as usize;
+        let (last, left, fill) = near_a_laps_end(&e);
         let k = key(999);
-        let fill = vec![9u8; left - record::HEADER - k.len()];
         assert_eq!(record::size(k.len(), fill.len()), left);
         e.set(&k, &fill, SetOptions::default()).unwrap();
         assert_eq!(vlog.head() % region, 0, "the record ends the lap");
@@ -413,14 +416,10 @@ pub(super) mod tests {
         let dev = Arc::new(MemDevice::new(32 << 20));
         let e = open(&dev);
         let vlog = &e.inner.vlog;
-        let region = vlog.region();
-        fill_lap_to_within(&e, 20 << 10);
         // One record exactly as long as what is left of the lap, and one
         // after it, in one write.
-        let last = vlog.head();
-        let left = (region - last % region) as usize;
+        let (last, left, fill) = near_a_laps_end(&e);
         let (k, k2) = (key(999), key(998));
-        let fill = vec![9u8; left - record::HEADER - k.len()];
         assert_eq!(record::size(k.len(), fill.len()), left);
         let next = b"the next lap's first".to_vec();
         e.mset(&[(&k, &fill), (&k2, &next)]).unwrap();
