@@ -763,12 +763,12 @@ impl Inner {
 #[cfg(test)]
 mod tests {
     use std::sync::{mpsc, Arc};
-    use std::time::{Duration, Instant};
+    use std::time::Duration;
 
     use critio::context::BlockingStatus;
     use critio::device::mem::MemDevice;
 
-    use crate::engine::clean::tests::open;
+    use crate::engine::clean::tests::{open, open_with, wait_until};
     use crate::engine::{EngineError, SetOptions};
 
     fn key(i: usize) -> Vec<u8> {
@@ -780,14 +780,6 @@ mod tests {
     }
 
     /// Polls `done` every millisecond for up to 30 s.
-    fn wait_until(what: &str, done: impl Fn() -> bool) {
-        let start = Instant::now();
-        while !done() {
-            assert!(start.elapsed() < Duration::from_secs(30), "never: {what}");
-            std::thread::sleep(Duration::from_millis(1));
-        }
-    }
-
     /// A thread that writes new keys until a write is refused; returns
     /// once it waits for room in the WAL or the value log (the caller holds
     /// the checkpointer back). It reports how many writes were
@@ -986,14 +978,7 @@ mod tests {
     /// a checkpoint does, and reads the boundary, as it does next.
     #[test]
     fn a_writer_waiting_for_room_asks_for_cleaning_without_the_value_logs_lock() {
-        use critio::config::Config;
-
         use crate::engine::EngineConfig;
-        let dev = Arc::new(MemDevice::new(12 << 20));
-        let mut config = Config::default();
-        config.cache.capacity_bytes = 1 << 20;
-        config.context.background_nice = 0;
-        let stack = critio::Stack::over(dev, &config).unwrap();
         // A value log of about 2.6 MiB behind an 8 MiB log: the value log
         // fills first.
         let cfg = EngineConfig {
@@ -1002,7 +987,7 @@ mod tests {
             value_bytes_max: 64 << 10,
             ..EngineConfig::default()
         };
-        let e = Arc::new(crate::engine::Engine::open(&stack, cfg).unwrap());
+        let e = Arc::new(open_with(Arc::new(MemDevice::new(12 << 20)), cfg).unwrap());
         let held = e.inner.ckpt.lock();
         let (tx, rx) = mpsc::channel();
         let writer = {

@@ -323,16 +323,27 @@ pub(super) mod tests {
 
     /// [`open`] over any device.
     pub(in crate::engine) fn open_over(dev: Arc<dyn Device>) -> Result<Engine, EngineError> {
+        open_with(
+            dev,
+            EngineConfig {
+                log_bytes: 4 << 20,
+                checkpoint_interval_ms: 0,
+                value_bytes_max: 64 << 10,
+                ..EngineConfig::default()
+            },
+        )
+    }
+
+    /// An engine with `cfg` over `dev`, on a stack with a 1 MiB cache and
+    /// background threads at the foreground's nice level.
+    pub(in crate::engine) fn open_with(
+        dev: Arc<dyn Device>,
+        cfg: EngineConfig,
+    ) -> Result<Engine, EngineError> {
         let mut config = Config::default();
         config.cache.capacity_bytes = 1 << 20;
         config.context.background_nice = 0;
         let stack = critio::Stack::over(dev, &config).unwrap();
-        let cfg = EngineConfig {
-            log_bytes: 4 << 20,
-            checkpoint_interval_ms: 0,
-            value_bytes_max: 64 << 10,
-            ..EngineConfig::default()
-        };
         Engine::open(&stack, cfg)
     }
 
@@ -576,7 +587,8 @@ pub(super) mod tests {
         }
     }
 
-    fn wait_until(what: &str, done: impl Fn() -> bool) {
+    /// Waits until `done`, failing after 30 s ("never: {what}").
+    pub(in crate::engine) fn wait_until(what: &str, done: impl Fn() -> bool) {
         let start = std::time::Instant::now();
         while !done() {
             assert!(

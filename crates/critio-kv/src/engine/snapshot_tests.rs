@@ -28,14 +28,13 @@ use std::collections::{BTreeMap, HashMap};
 use std::hash::{Hash, Hasher};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use critio::config::Config;
 use critio::device::mem::MemDevice;
-use critio::device::Device;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
+use super::clean::tests::{open_with, wait_until};
 use super::ops::now_ms;
 use super::{Engine, EngineConfig, EngineError, ExpireIf, SetOptions, Value};
 
@@ -46,32 +45,17 @@ const STRINGS: usize = 32;
 const HOT: usize = 6;
 /// An appended string longer than this is SET afresh instead.
 const LONG: usize = 6000;
-/// A wait for background work longer than this is a hang.
-const WAIT: Duration = Duration::from_secs(30);
 
 /// A small engine over `dev`: a value log of about 4 MiB (so cleaning for
 /// space runs), a checkpoint every 10 ms.
 fn open(dev: &Arc<MemDevice>) -> Engine {
-    let mut config = Config::default();
-    config.cache.capacity_bytes = 1 << 20;
-    config.context.background_nice = 0;
-    let dev: Arc<dyn Device> = dev.clone();
-    let stack = critio::Stack::over(dev, &config).unwrap();
     let cfg = EngineConfig {
         log_bytes: 4 << 20,
         checkpoint_interval_ms: 10,
         value_bytes_max: 16 << 10,
         ..EngineConfig::default()
     };
-    Engine::open(&stack, cfg).unwrap()
-}
-
-fn wait_until(what: &str, done: impl Fn() -> bool) {
-    let start = Instant::now();
-    while !done() {
-        assert!(start.elapsed() < WAIT, "never: {what}");
-        std::thread::sleep(Duration::from_millis(1));
-    }
+    open_with(dev.clone(), cfg).unwrap()
 }
 
 /// A key's value and expiry as the check compares them (`desc`, the value
@@ -589,7 +573,7 @@ impl Drop for StopOnDrop {
     }
 }
 
-/// Joins `t`, failing after [`WAIT`].
+/// Joins `t`, failing after 30 s ([`wait_until`]).
 fn join<T>(what: &str, t: std::thread::JoinHandle<T>) -> T {
     wait_until(what, || t.is_finished());
     t.join().unwrap_or_else(|p| std::panic::resume_unwind(p))
