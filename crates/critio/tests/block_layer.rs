@@ -3,6 +3,7 @@
 
 mod common;
 
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::mpsc::channel;
 use std::sync::Arc;
 
@@ -408,13 +409,17 @@ fn a_flush_done_in_its_callers_thread_holds_back_no_other_request() {
 }
 
 /// A mem device that can also do reads and writes in its caller's thread
-/// (or, with `refuse`, hands every one back), and logs which way each
-/// command went.
+/// (or, with `refuse`, hands every one back), logs which way each command
+/// went, and the most commands it had at once.
 struct SubmitHere {
     mem: MemDevice,
     info: critio::device::DeviceInfo,
     refuse: bool,
     log: parking_lot::Mutex<Vec<(std::thread::ThreadId, Op, &'static str)>>,
+    busy: Arc<AtomicU32>,
+    most: Arc<AtomicU32>,
+    /// While armed, the next command done here waits for a message.
+    hold: parking_lot::Mutex<Option<std::sync::mpsc::Receiver<()>>>,
 }
 
 impl SubmitHere {
@@ -435,7 +440,23 @@ impl SubmitHere {
             info,
             refuse,
             log: parking_lot::Mutex::new(Vec::new()),
+            busy: Arc::default(),
+            most: Arc::default(),
+            hold: parking_lot::Mutex::new(None),
         })
+    }
+
+    /// A command arrives (it leaves when its completion is handed back).
+    fn arrive(&self) {
+        let n = self.busy.fetch_add(1, Ordering::SeqCst) + 1;
+        self.most.fetch_max(n, Ordering::SeqCst);
+        // Give another thread a chance to send one alongside.
+        std::thread::yield_now();
+    }
+
+    /// The most commands it had at once.
+    fn most(&self) -> u32 {
+        self.most.load(Ordering::SeqCst)
     }
 
     fn took(&self) -> Vec<(Op, &'static str)> {
@@ -455,7 +476,15 @@ impl Device for SubmitHere {
     fn submit(&self, cmd: critio::device::Command, done: critio::device::Completer) {
         let me = std::thread::current().id();
         self.log.lock().push((me, cmd.op, "submit"));
-        self.mem.submit(cmd, done)
+        self.arrive();
+        let busy = self.busy.clone();
+        self.mem.submit(
+            cmd,
+            Box::new(move |c| {
+                busy.fetch_sub(1, Ordering::SeqCst);
+                done(c)
+            }),
+        )
     }
 
     fn submits_here(&self) -> bool {
@@ -471,7 +500,14 @@ impl Device for SubmitHere {
         }
         let me = std::thread::current().id();
         self.log.lock().push((me, cmd.op, "here"));
-        Ok(critio::device::submit_and_wait(&self.mem, cmd))
+        self.arrive();
+        let hold = self.hold.lock().take();
+        if let Some(hold) = hold {
+            hold.recv().unwrap();
+        }
+        let c = critio::device::submit_and_wait(&self.mem, cmd);
+        self.busy.fetch_sub(1, Ordering::SeqCst);
+        Ok(c)
     }
 }
 
@@ -596,6 +632,7 @@ fn foreground_requests_queued_behind_others_complete_whoever_sends_them() {
         "once each"
     );
     assert_eq!(count(Op::Flush), 4);
+    assert_eq!(dev.most(), 1, "one command at a time at the device");
 }
 
 /// Foreground requests that go straight to the device when nothing is
@@ -650,7 +687,106 @@ fn direct_and_queued_requests_mix_under_every_scheduler_setting() {
             took.iter().any(|&(_, how)| how == "here"),
             "some went straight to the device: {cfg:?}"
         );
+        assert!(dev.most() <= 4, "{} at the device: {cfg:?}", dev.most());
     }
+}
+
+/// A critical read on an idle layer goes past the core (the fast path);
+/// one still at the device when background work arrives is adopted by the
+/// core: it holds its place at the device (here the only one), so the
+/// background write waits for it, and it completes through the core.
+/// Every request is counted once.
+#[test]
+fn a_fast_request_at_the_device_when_background_arrives_is_adopted_and_keeps_its_place() {
+    let dev = SubmitHere::with_depth(false, 1);
+    let l = Arc::new(BlockLayer::new(dev.clone(), BlockConfig::default()).unwrap());
+    context::set_foreground();
+    l.write(0, page(3)).unwrap(); // the first request opens the gate
+    l.read(0, 4096).unwrap();
+    assert_eq!(
+        l.stats().counters.fast_sent,
+        1,
+        "the read went past the core"
+    );
+    let (release, hold) = channel();
+    *dev.hold.lock() = Some(hold);
+    let reader = {
+        let l = l.clone();
+        std::thread::spawn(move || {
+            context::set_foreground();
+            assert_eq!(l.read(0, 4096).unwrap().as_slice(), &[3; 4096]);
+        })
+    };
+    wait_until("the read is at the device", || dev.hold.lock().is_none());
+    let writeback = {
+        let l = l.clone();
+        std::thread::spawn(move || {
+            context::set_background();
+            l.write_async(8192, page(4)).unwrap().wait().unwrap();
+        })
+    };
+    wait_until("the core adopted the read", || {
+        l.stats().counters.fast_adopted == 1
+    });
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    assert!(
+        !dev.took().contains(&(Op::Write, "submit")),
+        "the write waits for the adopted read's place"
+    );
+    release.send(()).unwrap();
+    reader.join().unwrap();
+    writeback.join().unwrap();
+    assert_eq!(dev.most(), 1);
+    let s = l.stats();
+    assert_eq!(s.class(Class::Critical).completions, 3);
+    assert_eq!(s.class(Class::NonCritical).completions, 1);
+    assert_eq!(s.counters.lane_dispatches.iter().sum::<u64>(), 4);
+    assert_eq!((s.counters.fast_sent, s.counters.fast_adopted), (2, 1));
+    assert_eq!(s.class(Class::Critical).queue_wait.count, 3);
+}
+
+/// Fast-path requests are counted exactly (more than the records the
+/// layer keeps between two lock holders, from two threads): completions,
+/// bytes, zero waits in the stats and the wait-point table; their device
+/// times are all measured or, on a device as fast as memory, a sample.
+#[test]
+fn fast_path_requests_are_all_counted() {
+    let metrics = critio::metrics::MetricsHandle::new_registry();
+    let dev = SubmitHere::new(false);
+    let l = Arc::new(
+        BlockLayer::with_metrics(dev.clone(), BlockConfig::default(), metrics.clone()).unwrap(),
+    );
+    let readers: Vec<_> = (0..2)
+        .map(|_| {
+            let l = l.clone();
+            std::thread::spawn(move || {
+                context::set_foreground();
+                for i in 0..1500u64 {
+                    l.read(i % 64 * 4096, 4096).unwrap();
+                }
+            })
+        })
+        .collect();
+    for r in readers {
+        r.join().unwrap();
+    }
+    let s = l.stats();
+    let c = s.class(Class::Critical);
+    assert_eq!(c.completions, 3000);
+    assert_eq!(c.bytes, 3000 * 4096);
+    assert_eq!(c.admission_wait.count, 3000);
+    assert_eq!(c.queue_wait.count, 3000);
+    assert!(s.counters.fast_sent >= 2900, "{:?}", s.counters);
+    assert_eq!(s.counters.lane_dispatches[0], 3000);
+    let timed = c.device_time.count;
+    assert!(
+        (3000 / 16..=3000).contains(&timed),
+        "every device time or a sample: {timed}"
+    );
+    let waits = metrics
+        .get()
+        .wait_histogram("block: queue", Class::Critical);
+    assert_eq!(waits.count(), 3000);
 }
 
 /// A memory device whose `submit` of a non-critical command does not

@@ -393,6 +393,8 @@ fn block(s: &Shared, out: &mut String) {
     kv(out, "block_starvation_dispatches", k.starvation_dispatches);
     kv(out, "block_anticipation_holds", k.anticipation_holds);
     kv(out, "block_shared_dispatch_turns", st.shared_dispatch_turns);
+    kv(out, "block_fast_sent", k.fast_sent);
+    kv(out, "block_fast_adopted", k.fast_adopted);
     kv(out, "block_noncritical_cap", st.noncritical_cap);
     kv(
         out,

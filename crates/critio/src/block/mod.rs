@@ -30,6 +30,7 @@
 //! plus inheritance).
 
 mod cap;
+mod fast;
 mod layer;
 mod ncio;
 mod request;
@@ -45,8 +46,8 @@ pub use layer::{BlockError, BlockLayer};
 pub use ncio::IO_LEN_MAX;
 pub use request::IoHandle;
 pub use sched::{
-    Completed, LaneTokens, Location, Promotion, ReqInfo, SchedConfig, SchedCounters, Scheduler,
-    BACKGROUND_LEVELS, LANES,
+    Completed, FastRoom, LaneTokens, Location, Promotion, ReqInfo, SchedConfig, SchedCounters,
+    Scheduler, BACKGROUND_LEVELS, LANES,
 };
 pub use stats::{BlockStats, ClassBuckets, ClassStats};
 

@@ -245,8 +245,12 @@ pub struct Completed<P = ()> {
     pub admission_wait: Nanos,
     /// Admission to dispatch.
     pub queue_wait: Nanos,
-    /// Dispatch to completion.
+    /// Dispatch to completion (0 if it was not timed).
     pub device_time: Nanos,
+    /// Whether its device time was measured: every request's is, but the
+    /// layer's fast path's on a device that answers within
+    /// 2 µs (see [`Scheduler::complete_fast`]).
+    pub timed: bool,
     /// Requests admitted because this one freed its slot.
     pub admitted: Vec<ReqId>,
 }
@@ -261,8 +265,53 @@ pub struct Direct {
     op: Op,
     len: u64,
     dispatched: Nanos,
+    /// Whether `dispatched` was read (a fast-path request may go untimed).
+    timed: bool,
     nc_at_dispatch: u32,
     nc_seq: u64,
+}
+
+impl Direct {
+    /// A request the layer's fast path sent and the core then adopted
+    /// ([`Scheduler::adopt_fast`]): `dispatched` is None if it went
+    /// untimed; `room` is what the core allowed the fast path when it sent
+    /// it.
+    pub fn adopted(op: Op, len: u64, dispatched: Option<Nanos>, room: &FastRoom) -> Self {
+        Self {
+            op,
+            len,
+            dispatched: dispatched.unwrap_or(0),
+            timed: dispatched.is_some(),
+            nc_at_dispatch: room.nc_inflight,
+            nc_seq: room.nc_seq,
+        }
+    }
+}
+
+/// A fast-path request's device times are measured one in this many when
+/// the device answers within [`FAST_UNTIMED_BELOW`] on average (the two
+/// clock reads would be a tenth of such a request).
+pub const FAST_TIME_EVERY: u32 = 16;
+/// See [`FAST_TIME_EVERY`]: 2 µs, where two clock reads (about 20 ns on
+/// this project's virtual machine) are 1% of a request.
+pub const FAST_UNTIMED_BELOW: Nanos = 2_000;
+
+/// What the core lets the block layer's fast path send with no call into
+/// it ([`Scheduler::fast_room`]): while nothing is queued and no
+/// critical request waits for a slot, critical requests up to `limit` at
+/// once may go to the device at once, as [`Scheduler::submit_direct`]
+/// would send them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FastRoom {
+    /// How many may be at the device at once (critical slots and device
+    /// room left).
+    pub limit: u32,
+    /// Non-critical requests at the device meanwhile (they share it with
+    /// every one sent).
+    pub nc_inflight: u32,
+    /// Non-critical requests sent so far (none is sent while the room is
+    /// open: a dispatch goes through the core, which closes it first).
+    pub nc_seq: u64,
 }
 
 /// Counters the core keeps.
@@ -285,6 +334,12 @@ pub struct SchedCounters {
     pub token_rounds: u64,
     /// Dispatches per lane (critical, then background levels).
     pub lane_dispatches: [u64; LANES],
+    /// Critical requests the block layer's fast path sent past the core
+    /// (in `lane_dispatches` too).
+    pub fast_sent: u64,
+    /// Of those, how many were still at the device when the core next
+    /// changed, and completed through it.
+    pub fast_adopted: u64,
 }
 
 /// A lane's think time: how long after its last request completed (with
@@ -530,9 +585,86 @@ impl<P> Scheduler<P> {
             op: info.op,
             len: info.len,
             dispatched: now,
+            timed: true,
             nc_at_dispatch,
             nc_seq,
         })
+    }
+
+    /// Whether critical requests may go to the device with no call into
+    /// the core, and how many at once: when [`Scheduler::submit_direct`]
+    /// would send each (nothing queued in any lane, no critical request
+    /// waiting for a slot) and the critical lane neither anticipates nor
+    /// counts tokens (anticipation's think times and the tokens' rounds
+    /// follow every arrival). None otherwise. While it is open, the
+    /// driver must not change the core without closing it first: adopting
+    /// what the fast path has at the device ([`Scheduler::adopt_fast`])
+    /// and folding in what it completed ([`Scheduler::complete_fast`]).
+    pub fn fast_room(&self) -> Option<FastRoom> {
+        if self.cfg.anticipation > 0
+            || self.cfg.tokens.0[CRIT] != 0
+            || !self.admission[CRIT].is_empty()
+            || self.dispatchable()
+        {
+            return None;
+        }
+        let slots = self.pool_size(CRIT).saturating_sub(self.slots_used[CRIT]);
+        let room = self
+            .cfg
+            .device_depth
+            .saturating_sub(self.inflight[CRIT] + self.inflight[NONCRIT]);
+        let limit = slots.min(room);
+        (limit > 0).then(|| FastRoom {
+            limit,
+            nc_inflight: self.inflight[NONCRIT],
+            nc_seq: self.nc_dispatched(),
+        })
+    }
+
+    /// `n` critical requests the fast path sent are still at the device
+    /// as the core closes its room: they become the core's, with a slot,
+    /// device room and dispatch counted as [`Scheduler::submit_direct`]
+    /// counts them, and each completes through
+    /// [`Scheduler::complete_direct`] (with `Direct::adopted`).
+    pub fn adopt_fast(&mut self, n: u32) {
+        if n == 0 {
+            return;
+        }
+        self.slots_used[CRIT] += n;
+        self.inflight[CRIT] += n;
+        self.lane_inflight[CRIT] += n;
+        self.direct += n;
+        self.counters.lane_dispatches[CRIT] += u64::from(n);
+        self.counters.fast_sent += u64::from(n);
+        self.counters.fast_adopted += u64::from(n);
+    }
+
+    /// Folds in a critical request the fast path sent and completed while
+    /// the room it went through was open (the core never counted it):
+    /// its dispatch, and for the adaptive cap its written bytes and, if it
+    /// was timed (`times`: dispatched and completed), its device time
+    /// beside the `nc_inflight` non-critical requests its room had at the
+    /// device. Returns its device time if timed.
+    pub fn complete_fast(
+        &mut self,
+        op: Op,
+        len: u64,
+        times: Option<(Nanos, Nanos)>,
+        nc_inflight: u32,
+    ) -> Option<Nanos> {
+        self.counters.lane_dispatches[CRIT] += 1;
+        self.counters.fast_sent += 1;
+        if self.cfg.classes && op == Op::Write {
+            self.cap.on_critical_written(len);
+        }
+        let (dispatched, done) = times?;
+        let device_time = done.saturating_sub(dispatched);
+        if self.cfg.classes {
+            self.cap
+                .on_critical_complete(device_time, nc_inflight, dispatched, done);
+            self.lane_completed(CRIT, done);
+        }
+        Some(device_time)
     }
 
     /// Picks the next request to send to the device, if the limits allow one.
@@ -725,6 +857,7 @@ impl<P> Scheduler<P> {
     /// completed; `payload` is what [`Completed`] carries back.
     pub fn complete_direct(&mut self, d: Direct, payload: P, now: Nanos) -> Completed<P> {
         self.direct -= 1;
+        let timed = d.timed;
         let (device_time, admitted) = self.retire(CRIT, CRIT, d, now);
         Completed {
             payload,
@@ -732,6 +865,7 @@ impl<P> Scheduler<P> {
             admission_wait: 0,
             queue_wait: 0,
             device_time,
+            timed,
             admitted,
         }
     }
@@ -754,6 +888,7 @@ impl<P> Scheduler<P> {
             op: e.info.op,
             len: e.info.len,
             dispatched: e.dispatched,
+            timed: true,
             nc_at_dispatch: e.nc_at_dispatch,
             nc_seq: e.nc_seq,
         };
@@ -764,6 +899,7 @@ impl<P> Scheduler<P> {
             admission_wait: e.queued.saturating_sub(e.submitted),
             queue_wait: e.dispatched.saturating_sub(e.queued),
             device_time,
+            timed: true,
             admitted,
         }
     }
@@ -783,7 +919,11 @@ impl<P> Scheduler<P> {
         self.inflight[pool] -= 1;
         self.lane_inflight[lane] -= 1;
         self.slots_used[slot] -= 1;
-        let device_time = now.saturating_sub(sent.dispatched);
+        let device_time = if sent.timed {
+            now.saturating_sub(sent.dispatched)
+        } else {
+            0
+        };
         if lane != CRIT {
             self.cap
                 .on_noncritical_complete(paced_bytes(sent.op, sent.len), now);
@@ -794,8 +934,10 @@ impl<P> Scheduler<P> {
             // Background sent after it (in the same dispatch turn, say)
             // shared the device with it too.
             let nc_alongside = sent.nc_at_dispatch + u32::from(self.nc_dispatched() > sent.nc_seq);
-            self.cap
-                .on_critical_complete(device_time, nc_alongside, sent.dispatched, now);
+            if sent.timed {
+                self.cap
+                    .on_critical_complete(device_time, nc_alongside, sent.dispatched, now);
+            }
         }
         if self.cfg.classes {
             self.lane_completed(lane, now);

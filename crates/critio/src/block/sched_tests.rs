@@ -3,7 +3,7 @@
 
 use super::cap::NoncriticalCap;
 use super::sched::{
-    Direct, LaneTokens, Location, Promotion, ReqInfo, SchedConfig, Scheduler, LANES,
+    Direct, FastRoom, LaneTokens, Location, Promotion, ReqInfo, SchedConfig, Scheduler, LANES,
 };
 use super::ReqId;
 use crate::class::Class::{self, Critical as C, NonCritical as N};
@@ -1121,4 +1121,118 @@ fn direct_sends_account_exactly_as_queued_ones_under_generated_scripts() {
         }
     }
     assert!(directs > 1000, "only {directs} direct sends exercised");
+}
+
+/// The fast path's room is what `submit_direct` would give each of its
+/// requests: open only while nothing is queued and no critical request
+/// waits for a slot, as many as the critical slots and the device's room
+/// allow, and never with anticipation or critical tokens.
+#[test]
+fn the_fast_room_opens_only_when_the_core_would_send_critical_requests_at_once() {
+    let mut h = Harness::new(SchedConfig {
+        critical_slots: 3,
+        device_depth: 4,
+        ..cfg()
+    });
+    h.advance(100 * MS);
+    let room = |limit, nc_inflight, nc_seq| FastRoom {
+        limit,
+        nc_inflight,
+        nc_seq,
+    };
+    assert_eq!(h.s.fast_room(), Some(room(3, 0, 0)), "the critical slots");
+    let d = h.direct(C).unwrap();
+    assert_eq!(h.s.fast_room(), Some(room(2, 0, 0)));
+    let (n, _) = h.submit(N);
+    assert_eq!(h.s.fast_room(), None, "a request is queued");
+    h.dispatch();
+    assert_eq!(h.s.fast_room(), Some(room(2, 1, 1)), "one beside it");
+    h.complete_direct(d);
+    h.complete(n);
+    // The device's room, once slots are not what limits.
+    let mut h = Harness::new(SchedConfig {
+        device_depth: 2,
+        ..cfg()
+    });
+    let d = h.direct(C).unwrap();
+    assert_eq!(h.s.fast_room().map(|r| r.limit), Some(1));
+    let e = h.direct(C).unwrap();
+    assert_eq!(h.s.fast_room(), None, "the device is full");
+    h.complete_direct(d);
+    h.complete_direct(e);
+    // A critical request waiting for a slot goes first.
+    let mut h = Harness::new(SchedConfig {
+        critical_slots: 1,
+        ..cfg()
+    });
+    let d = h.direct(C).unwrap();
+    let (w, admitted) = h.submit(C);
+    assert!(!admitted);
+    assert_eq!(h.s.fast_room(), None);
+    h.complete_direct(d);
+    h.dispatch();
+    h.complete(w);
+    assert!(h.s.fast_room().is_some());
+    for cfg in [
+        SchedConfig {
+            anticipation: MS,
+            ..cfg()
+        },
+        SchedConfig {
+            tokens: LaneTokens::from_slice(&[4, 2]).unwrap(),
+            ..cfg()
+        },
+    ] {
+        assert_eq!(Harness::new(cfg).s.fast_room(), None, "{cfg:?}");
+    }
+}
+
+/// Requests the fast path still has at the device when the core closes its
+/// room become the core's: they hold their slots and device room until
+/// each completes through the core, and a slot one frees goes to a waiter.
+/// Those it completed in its room are counted as dispatched and feed the
+/// adaptive cap, timed or not.
+#[test]
+fn adopted_fast_requests_hold_their_places_and_completed_ones_are_counted() {
+    use super::cap::AutoCapConfig;
+    let mut h = Harness::new(SchedConfig {
+        critical_slots: 2,
+        noncritical_cap: NoncriticalCap::Auto(AutoCapConfig::default()),
+        ..cfg()
+    });
+    h.advance(100 * MS);
+    let room = h.s.fast_room().unwrap();
+    assert_eq!(room.limit, 2);
+    h.s.adopt_fast(2);
+    h.s.check_invariants();
+    assert_eq!(h.s.inflight(), [2, 0]);
+    assert_eq!(h.s.outstanding(), 2);
+    let (w, admitted) = h.submit(C);
+    assert!(!admitted, "the adopted requests hold both critical slots");
+    h.advance(MS);
+    let adopted = Direct::adopted(Op::Read, 4096, Some(h.now - MS), &room);
+    assert_eq!(h.complete_direct(adopted), vec![w]);
+    let untimed = Direct::adopted(Op::Read, 4096, None, &room);
+    let done = h.s.complete_direct(untimed, C, h.now);
+    assert!(!done.timed && done.device_time == 0);
+    assert_eq!(h.s.cap_view().0, Some(MS as f64), "only the timed one");
+    h.dispatch();
+    h.complete(w);
+    assert_eq!(h.s.outstanding(), 0);
+    // Completed in the room: no slot or device place to give back.
+    let before = h.s.counters();
+    assert_eq!(h.s.complete_fast(Op::Write, 4096, None, 0), None);
+    let t = h.now;
+    assert_eq!(
+        h.s.complete_fast(Op::Read, 4096, Some((t, t + 3 * MS)), 0),
+        Some(3 * MS)
+    );
+    h.s.check_invariants();
+    let after = h.s.counters();
+    assert_eq!(after.lane_dispatches[0], before.lane_dispatches[0] + 2);
+    assert_eq!(
+        (after.fast_sent, after.fast_adopted),
+        (before.fast_sent + 2, 2)
+    );
+    assert!(h.s.cap_view().0.unwrap() > MS as f64, "the timed sample");
 }

@@ -145,6 +145,14 @@ impl Metrics {
         self.waits.record(point, class, waited);
     }
 
+    /// Records `n` waits of the same length at once (the block layer's
+    /// fast-path requests' zero queue waits, folded in a batch).
+    pub fn record_waits(&self, point: &'static str, class: Class, waited: Duration, n: u64) {
+        if n > 0 {
+            self.waits.record_n(point, class, waited, n);
+        }
+    }
+
     pub(crate) fn count_boost(&self, kind: InheritKind) {
         COUNTERS.boosts[kind.index()].fetch_add(1, Ordering::Relaxed);
     }

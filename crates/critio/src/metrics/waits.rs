@@ -116,13 +116,19 @@ impl WaitTables {
 
     /// Records one wait into the current thread's shard.
     pub(crate) fn record(&self, point: &'static str, class: Class, waited: Duration) {
+        self.record_n(point, class, waited, 1);
+    }
+
+    /// Records `n` waits of one length into the current thread's shard.
+    pub(crate) fn record_n(&self, point: &'static str, class: Class, waited: Duration, n: u64) {
         let key = (point.as_ptr() as usize, point.len(), class);
+        let nanos = u64::try_from(waited.as_nanos()).unwrap_or(u64::MAX);
         self.shard()
             .lock()
             .entry(key)
             .or_insert_with(|| (point, LatencyHistogram::new()))
             .1
-            .record(waited);
+            .record_nanos_n(nanos, n);
     }
 
     /// Every shard's histograms merged by wait point name and class.
