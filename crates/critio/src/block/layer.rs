@@ -150,7 +150,12 @@ impl std::ops::DerefMut for CoreGuard<'_> {
 impl Drop for CoreGuard<'_> {
     fn drop(&mut self) {
         if let Some(core) = self.core.take() {
-            if self.inner.fast_on {
+            // Only a critical thread reopens the gate: it is the one that
+            // uses it, and a background thread's request takes the lock a
+            // few times, each of which would otherwise close and reopen
+            // it. After background work the next critical request goes
+            // the locked way once, and reopens it.
+            if self.inner.fast_on && context::current_class() == Class::Critical {
                 if let Some(room) = core.sched.fast_room() {
                     self.inner.fast.open(&room);
                 }
