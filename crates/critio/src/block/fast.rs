@@ -20,7 +20,8 @@
 //!               └─ the epoch ended: the core adopted it; complete it through the core
 //!  core lock (every holder, first thing): close the gate (epoch + 1, count 0),
 //!            adopt the count still at the device, fold in the ring's records;
-//!            on unlock: reopen with the room the core has left, if nothing is queued
+//!            on unlock by a critical thread: reopen with the room the core
+//!            has left, if nothing is queued
 //! ```
 //!
 //! While the gate is open the core does not change (every change is made
