@@ -649,18 +649,29 @@ impl Inner {
     ) -> Started {
         match self.try_here(cmd) {
             Ok(c) => self.on_complete(Sent::Direct(d, None), c),
-            Err(cmd) => {
-                let state = IoState::new(id, point, Arc::downgrade(self));
-                let (inner, waited) = (self.clone(), state.clone());
-                self.device.submit(
-                    cmd,
-                    Box::new(move |c| {
-                        inner.on_complete(Sent::Direct(d, Some(waited)), c);
-                    }),
-                );
-                Started::Pending(state)
-            }
+            Err(cmd) => self.send_direct(d, id, point, cmd),
         }
+    }
+
+    /// Sends a request with no place in the core's table through the
+    /// device's completion (the device handed it back): it gets a state,
+    /// which its completion finishes.
+    fn send_direct(
+        self: &Arc<Self>,
+        d: Direct,
+        id: ReqId,
+        point: &'static str,
+        cmd: Command,
+    ) -> Started {
+        let state = IoState::new(id, point, Arc::downgrade(self));
+        let (inner, waited) = (self.clone(), state.clone());
+        self.device.submit(
+            cmd,
+            Box::new(move |c| {
+                inner.on_complete(Sent::Direct(d, Some(waited)), c);
+            }),
+        );
+        Started::Pending(state)
     }
 
     /// Does a request that went through the fast path's gate in the
@@ -704,15 +715,7 @@ impl Inner {
                 // ended already): the core has adopted the request.
                 drop(self.lock_core());
                 let d = Direct::adopted(op, len, Some(self.clock.now()), &ticket.room);
-                let state = IoState::new(id, point, Arc::downgrade(self));
-                let (inner, waited) = (self.clone(), state.clone());
-                self.device.submit(
-                    cmd,
-                    Box::new(move |c| {
-                        inner.on_complete(Sent::Direct(d, Some(waited)), c);
-                    }),
-                );
-                Started::Pending(state)
+                self.send_direct(d, id, point, cmd)
             }
         }
     }
