@@ -718,21 +718,29 @@ fn a_fast_request_at_the_device_when_background_arrives_is_adopted_and_keeps_its
         })
     };
     wait_until("the read is at the device", || dev.hold.lock().is_none());
+    let (queued, write_id) = channel();
     let writeback = {
         let l = l.clone();
         std::thread::spawn(move || {
             context::set_background();
-            l.write_async(8192, page(4)).unwrap().wait().unwrap();
+            let h = l.write_async(8192, page(4)).unwrap();
+            queued.send(h.id()).unwrap();
+            h.wait().unwrap();
         })
     };
-    wait_until("the core adopted the read", || {
-        l.stats().counters.fast_adopted == 1
-    });
+    let write_id = write_id.recv().unwrap();
+    assert_eq!(
+        l.stats().counters.fast_adopted,
+        1,
+        "the core adopted the read"
+    );
     std::thread::sleep(std::time::Duration::from_millis(20));
-    assert!(
-        !dev.took().contains(&(Op::Write, "submit")),
+    assert_eq!(
+        l.location(write_id),
+        Some(critio::block::Location::Queued),
         "the write waits for the adopted read's place"
     );
+    assert!(!dev.took().contains(&(Op::Write, "submit")));
     release.send(()).unwrap();
     reader.join().unwrap();
     writeback.join().unwrap();

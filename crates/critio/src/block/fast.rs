@@ -355,8 +355,8 @@ mod tests {
             })
             .collect();
         let mut core_adopted = 0u64;
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-        while (left.load(Ordering::Relaxed) < 300 || adopted.load(Ordering::Relaxed) < 300)
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while (left.load(Ordering::Relaxed) < 100 || adopted.load(Ordering::Relaxed) < 100)
             && std::time::Instant::now() < deadline
         {
             let mut c = core.lock().unwrap();
