@@ -9,7 +9,9 @@ use std::sync::Arc;
 
 use common::gate::GateDevice;
 use common::{wait_blocked, wait_until};
-use critio::block::{BlockConfig, BlockLayer, BlockScheme, NoncriticalCap, Promotion};
+use critio::block::{
+    AutoCapConfig, BlockConfig, BlockLayer, BlockScheme, NoncriticalCap, Promotion,
+};
 use critio::context::{self, BlockingStatus, Class, InheritKind};
 use critio::device::mem::MemDevice;
 use critio::device::{AlignedBuf, Device, Op};
@@ -795,6 +797,50 @@ fn fast_path_requests_are_all_counted() {
         .get()
         .wait_histogram("block: queue", Class::Critical);
     assert_eq!(waits.count(), 3000);
+}
+
+/// The adaptive cap learns of every critical completion, timed or not: on
+/// a device as fast as memory the fast path times one request in 16, and a
+/// foreground thread reading every 10 ms is critical traffic all along,
+/// not idle (100 ms of grace) between its timed requests, so background
+/// completions meanwhile do not grow the cap as if nobody needed
+/// protecting.
+#[test]
+fn untimed_fast_path_requests_keep_critical_traffic_from_looking_idle() {
+    let cap = AutoCapConfig {
+        max: 8,
+        window: 1_000_000,       // no decisions: only idleness moves the cap
+        probe_every_ms: 1 << 30, // one probe, at the start
+        ..AutoCapConfig::default()
+    };
+    let cfg = BlockConfig {
+        noncritical_cap: NoncriticalCap::Auto(cap),
+        ..BlockConfig::default()
+    };
+    let l = BlockLayer::new(Arc::new(MemDevice::new(1 << 20)), cfg).unwrap();
+    context::set_foreground();
+    for i in 0..2000u64 {
+        l.read(i % 64 * 512, 512).unwrap();
+    }
+    let s = l.stats();
+    let c = s.class(Class::Critical);
+    assert!(
+        c.device_time.count < c.completions / 2,
+        "memory: only a sample is timed ({} of {})",
+        c.device_time.count,
+        c.completions
+    );
+    assert_eq!(s.noncritical_cap, 1);
+    let mut most = 0;
+    for _ in 0..48 {
+        l.read(0, 512).unwrap();
+        context::set_background();
+        l.write_async(8192, page(1)).unwrap().wait().unwrap();
+        context::set_foreground();
+        most = most.max(l.stats().noncritical_cap);
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    assert_eq!(most, 1, "the cap grew while a reader was active");
 }
 
 /// A memory device whose `submit` of a non-critical command does not

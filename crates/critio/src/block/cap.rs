@@ -191,6 +191,17 @@ impl CapState {
         }
     }
 
+    /// A critical request completed whose device time was not measured
+    /// (the block layer's fast path times only a sample on a fast device):
+    /// no latency sample, but critical traffic is there all the same, so
+    /// the cap is not idle. `now`: when it completed, or a later time if
+    /// that is not known (the core learns of it late).
+    pub(crate) fn on_critical_untimed(&mut self, now: Nanos) {
+        if let CapState::Auto(a) = self {
+            a.critical_seen(now);
+        }
+    }
+
     /// A critical write of `bytes` completed (the pacing floor follows the
     /// critical write rate).
     pub(crate) fn on_critical_written(&mut self, bytes: u64) {
@@ -457,11 +468,7 @@ impl AutoCap {
         dispatched: Nanos,
         now: Nanos,
     ) {
-        if self.idle(now) {
-            self.cap = 1; // critical traffic is back: start low again
-            self.reset_window();
-        }
-        self.last_critical = Some(now);
+        self.critical_seen(now);
         let lat = latency as f64;
         let settled = self
             .last_nc_complete
@@ -487,6 +494,16 @@ impl AutoCap {
             self.decide(now);
         }
         self.maybe_probe(now);
+    }
+
+    /// A critical request completed at `now`, timed or not (times may
+    /// come out of order: the latest counts).
+    fn critical_seen(&mut self, now: Nanos) {
+        if self.idle(now) {
+            self.cap = 1; // critical traffic is back: start low again
+            self.reset_window();
+        }
+        self.last_critical = Some(self.last_critical.map_or(now, |t| t.max(now)));
     }
 
     fn decide(&mut self, now: Nanos) {

@@ -705,7 +705,7 @@ impl Inner {
                 if let Err(record) = self.fast.push(record) {
                     // The ring is full: fold it in now, this one with it.
                     let mut core = self.lock_core();
-                    self.fold(&mut core, record);
+                    self.fold(&mut core, record, &mut None);
                     core.folded += 1;
                 }
                 Started::Done(c.result.map_err(BlockError::from), c.buf)
@@ -730,8 +730,9 @@ impl Inner {
         if self.fast_on {
             let adopted = self.fast.close();
             core.sched.adopt_fast(adopted);
+            let mut now = None;
             while let Some(record) = self.fast.pop() {
-                self.fold(&mut core, record);
+                self.fold(&mut core, record, &mut now);
                 folded += 1;
             }
         }
@@ -743,10 +744,17 @@ impl Inner {
     }
 
     /// Folds a fast-path request's record into the core and the stats.
-    fn fold(&self, core: &mut Core, r: Record) {
+    /// `now`: the fold's time, read once for the untimed records (the
+    /// adaptive cap counts them as critical traffic until then).
+    fn fold(&self, core: &mut Core, r: Record, now: &mut Option<Nanos>) {
+        let now = match (r.times, *now) {
+            (Some((_, done)), _) => done,
+            (None, Some(now)) => now,
+            (None, None) => *now.insert(self.clock.now()),
+        };
         let device_time = core
             .sched
-            .complete_fast(r.op, r.len, r.times, r.nc_inflight);
+            .complete_fast(r.op, r.len, r.times, r.nc_inflight, now);
         if let Some(t) = device_time {
             self.fast.note_device_time(t);
         }

@@ -644,20 +644,28 @@ impl<P> Scheduler<P> {
     /// its dispatch, and for the adaptive cap its written bytes and, if it
     /// was timed (`times`: dispatched and completed), its device time
     /// beside the `nc_inflight` non-critical requests its room had at the
-    /// device. Returns its device time if timed.
+    /// device; if it was not, that critical traffic was there until `now`
+    /// (when the core learns of it, no earlier than it completed).
+    /// Returns its device time if timed.
     pub fn complete_fast(
         &mut self,
         op: Op,
         len: u64,
         times: Option<(Nanos, Nanos)>,
         nc_inflight: u32,
+        now: Nanos,
     ) -> Option<Nanos> {
         self.counters.lane_dispatches[CRIT] += 1;
         self.counters.fast_sent += 1;
         if self.cfg.classes && op == Op::Write {
             self.cap.on_critical_written(len);
         }
-        let (dispatched, done) = times?;
+        let Some((dispatched, done)) = times else {
+            if self.cfg.classes {
+                self.cap.on_critical_untimed(now);
+            }
+            return None;
+        };
         let device_time = done.saturating_sub(dispatched);
         if self.cfg.classes {
             self.cap
@@ -937,6 +945,8 @@ impl<P> Scheduler<P> {
             if sent.timed {
                 self.cap
                     .on_critical_complete(device_time, nc_alongside, sent.dispatched, now);
+            } else {
+                self.cap.on_critical_untimed(now);
             }
         }
         if self.cfg.classes {

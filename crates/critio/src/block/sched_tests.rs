@@ -1221,10 +1221,10 @@ fn adopted_fast_requests_hold_their_places_and_completed_ones_are_counted() {
     assert_eq!(h.s.outstanding(), 0);
     // Completed in the room: no slot or device place to give back.
     let before = h.s.counters();
-    assert_eq!(h.s.complete_fast(Op::Write, 4096, None, 0), None);
+    assert_eq!(h.s.complete_fast(Op::Write, 4096, None, 0, h.now), None);
     let t = h.now;
     assert_eq!(
-        h.s.complete_fast(Op::Read, 4096, Some((t, t + 3 * MS)), 0),
+        h.s.complete_fast(Op::Read, 4096, Some((t, t + 3 * MS)), 0, t + 3 * MS),
         Some(3 * MS)
     );
     h.s.check_invariants();
