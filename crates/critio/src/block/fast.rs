@@ -98,8 +98,8 @@ pub(super) struct Record {
 /// The gate, the ring and the timing policy.
 pub(super) struct FastPath {
     gate: AtomicU64,
-    /// The open epoch's count of non-critical requests sent so far (read
-    /// only by a request the core adopts).
+    /// The open epoch's count of non-critical requests sent so far (used
+    /// only by a request the core adopts), written before the gate opens.
     nc_seq: AtomicU64,
     ring: ArrayQueue<Record>,
     /// Time one fast-path request in this many (1 or [`FAST_TIME_EVERY`]).
@@ -135,22 +135,32 @@ impl FastPath {
             if w & OPEN == 0 || count(w) >= limit(w) {
                 return None;
             }
+            // Read before the place is taken: once it is, the core may
+            // close the epoch (adopting this request) and open the next
+            // with a later count, which would hide the background sent in
+            // between from its sample. `w`'s epoch wrote it before opening
+            // (Release), and a later epoch's value (Acquire) would mean
+            // the gate changed since `w`, failing the swap.
+            let nc_seq = self.nc_seq.load(Ordering::Acquire);
             match self
                 .gate
                 .compare_exchange_weak(w, w + 1, Ordering::Acquire, Ordering::Acquire)
             {
-                Ok(_) => break,
+                Ok(_) => {
+                    #[cfg(test)]
+                    tests::after_enter();
+                    return Some(Ticket {
+                        epoch: epoch(w),
+                        room: FastRoom {
+                            limit: limit(w),
+                            nc_inflight: ((w >> NC_SHIFT) & u64::from(NC_MAX)) as u32,
+                            nc_seq,
+                        },
+                    });
+                }
                 Err(now) => w = now,
             }
         }
-        Some(Ticket {
-            epoch: epoch(w),
-            room: FastRoom {
-                limit: limit(w),
-                nc_inflight: ((w >> NC_SHIFT) & u64::from(NC_MAX)) as u32,
-                nc_seq: self.nc_seq.load(Ordering::Relaxed),
-            },
-        })
     }
 
     /// Gives the place back. False if the epoch it entered in has ended:
@@ -197,7 +207,7 @@ impl FastPath {
     pub(super) fn open(&self, room: &FastRoom) {
         let w = self.gate.load(Ordering::Relaxed);
         debug_assert!(w & OPEN == 0 && count(w) == 0, "opened twice");
-        self.nc_seq.store(room.nc_seq, Ordering::Relaxed);
+        self.nc_seq.store(room.nc_seq, Ordering::Release);
         let word = OPEN
             | (w & (EPOCH_MASK << EPOCH_SHIFT))
             | u64::from(room.nc_inflight.min(NC_MAX)) << NC_SHIFT
@@ -249,10 +259,24 @@ impl FastPath {
 
 #[cfg(test)]
 mod tests {
+    use std::cell::RefCell;
     use std::sync::atomic::AtomicBool;
     use std::sync::{Arc, Mutex};
 
     use super::*;
+
+    type Hook = Box<dyn FnOnce()>;
+
+    std::thread_local! {
+        /// Run once in this thread just after a request takes its place.
+        static AFTER_ENTER: RefCell<Option<Hook>> = const { RefCell::new(None) };
+    }
+
+    pub(super) fn after_enter() {
+        if let Some(hook) = AFTER_ENTER.with(|h| h.borrow_mut().take()) {
+            hook();
+        }
+    }
 
     fn room(limit: u32) -> FastRoom {
         FastRoom {
@@ -294,6 +318,35 @@ mod tests {
         assert_eq!(f.close(), 1);
         assert_eq!(f.close(), 0, "a closed gate adopts nothing twice");
         assert!(!f.leave(&c));
+    }
+
+    /// A request that takes its place just before the core closes the
+    /// epoch and opens the next (after sending background work) carries
+    /// its own epoch's room: the non-critical requests sent before it, so
+    /// that, adopted, it counts the background sent since as alongside.
+    #[test]
+    fn a_ticket_carries_the_room_of_the_epoch_it_entered_in() {
+        let f = Arc::new(FastPath::new());
+        f.close();
+        f.open(&room(4));
+        let core = f.clone();
+        AFTER_ENTER.with(|h| {
+            *h.borrow_mut() = Some(Box::new(move || {
+                assert_eq!(core.close(), 1, "adopted");
+                core.open(&FastRoom {
+                    limit: 3,
+                    nc_inflight: 4,
+                    nc_seq: 43,
+                });
+            }))
+        });
+        let t = f.enter().expect("open");
+        assert_eq!(
+            (t.room.limit, t.room.nc_inflight, t.room.nc_seq),
+            (4, 3, 42),
+            "the epoch it entered in"
+        );
+        assert!(!f.leave(&t), "adopted: the core completes it");
     }
 
     #[test]
