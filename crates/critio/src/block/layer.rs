@@ -723,7 +723,8 @@ impl Inner {
     /// Takes the core lock as every holder but the timer does: ends the
     /// fast path's epoch, adopts what it still has at the device and folds
     /// in what it completed, so the core decides on everything sent; the
-    /// guard reopens the gate on release if nothing is queued.
+    /// guard reopens the gate on release by a critical thread if nothing is
+    /// queued.
     fn lock_core(&self) -> CoreGuard<'_> {
         let mut core = self.core.lock();
         let mut folded = 0;
