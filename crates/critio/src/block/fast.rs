@@ -48,24 +48,29 @@ use super::sched::{FastRoom, FAST_TIME_EVERY, FAST_UNTIMED_BELOW};
 use crate::device::Op;
 use crate::time::Nanos;
 
+// The gate's word: open (1 bit) | epoch (39) | non-critical at the device
+// (4, saturating: the cap asks only whether any was) | limit (10) |
+// count (10). An epoch ends at each close of an open gate; 39 bits do not
+// wrap while a request is at the device (a million reopenings a second
+// would take six days).
 const OPEN: u64 = 1 << 63;
-const EPOCH_SHIFT: u32 = 32;
-const EPOCH_MASK: u64 = (1 << 31) - 1;
-const NC_SHIFT: u32 = 24;
-const NC_MAX: u32 = 0xFF;
-const LIMIT_SHIFT: u32 = 12;
+const EPOCH_SHIFT: u32 = 24;
+const EPOCH_MASK: u64 = (1 << 39) - 1;
+const NC_SHIFT: u32 = 20;
+const NC_MAX: u32 = 0xF;
+const LIMIT_SHIFT: u32 = 10;
 /// The most fast-path requests at the device at once (the gate's count
-/// field).
-pub(super) const LIMIT_MAX: u32 = 0xFFF;
-const COUNT_MASK: u64 = 0xFFF;
+/// field); beyond it requests take the locked path.
+pub(super) const LIMIT_MAX: u32 = 0x3FF;
+const COUNT_MASK: u64 = 0x3FF;
 
 /// Records of fast-path requests the core has not folded in yet. A lock
-/// holder folds them all; a request that finds the ring full takes the
-/// lock to do it.
-const RING: usize = 512;
+/// holder folds them all (a few microseconds at most, with the gate
+/// closed); a request that finds the ring full takes the lock to do it.
+const RING: usize = 128;
 
-fn epoch(w: u64) -> u32 {
-    ((w >> EPOCH_SHIFT) & EPOCH_MASK) as u32
+fn epoch(w: u64) -> u64 {
+    (w >> EPOCH_SHIFT) & EPOCH_MASK
 }
 
 fn count(w: u64) -> u32 {
@@ -79,7 +84,7 @@ fn limit(w: u64) -> u32 {
 /// A fast-path request's pass through the gate.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Ticket {
-    epoch: u32,
+    epoch: u64,
     /// The room it went through: what its completion needs if the core
     /// adopts it.
     pub(super) room: FastRoom,
@@ -193,7 +198,7 @@ impl FastPath {
         if w & OPEN == 0 {
             return 0;
         }
-        let next = ((u64::from(epoch(w)) + 1) & EPOCH_MASK) << EPOCH_SHIFT;
+        let next = ((epoch(w) + 1) & EPOCH_MASK) << EPOCH_SHIFT;
         let was = self.gate.swap(next, Ordering::AcqRel);
         if was & OPEN == 0 {
             0
@@ -300,6 +305,16 @@ mod tests {
         let c = f.enter().expect("a place came free");
         assert!(f.leave(&b) && f.leave(&c));
         assert_eq!(f.close(), 0, "nothing left at the device");
+        // Fields saturate: a larger room lets LIMIT_MAX through, and many
+        // non-critical requests still read as some.
+        f.open(&FastRoom {
+            limit: 5000,
+            nc_inflight: 300,
+            nc_seq: 7,
+        });
+        let t = f.enter().unwrap();
+        assert_eq!((t.room.limit, t.room.nc_inflight), (LIMIT_MAX, NC_MAX));
+        assert!(f.leave(&t));
     }
 
     #[test]
