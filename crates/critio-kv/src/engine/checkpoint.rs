@@ -768,7 +768,7 @@ mod tests {
     use critio::context::BlockingStatus;
     use critio::device::mem::MemDevice;
 
-    use crate::engine::clean::tests::{open, open_with, wait_until};
+    use crate::engine::clean::tests::{open, open_over, open_with, wait_until, FailingMem};
     use crate::engine::{EngineError, SetOptions};
 
     fn key(i: usize) -> Vec<u8> {
@@ -866,36 +866,6 @@ mod tests {
         assert_eq!(e.get(b"later").unwrap(), None);
     }
 
-    /// A memory device whose writes and flushes fail while it is armed (a
-    /// disk that died).
-    struct DeadWhenArmed {
-        mem: Arc<MemDevice>,
-        armed: std::sync::atomic::AtomicBool,
-    }
-
-    impl critio::device::Device for DeadWhenArmed {
-        fn info(&self) -> &critio::device::DeviceInfo {
-            self.mem.info()
-        }
-
-        fn submit(&self, cmd: critio::device::Command, done: critio::device::Completer) {
-            use critio::device::{Completion, DeviceError, Op};
-            if cmd.op != Op::Read && self.armed.load(std::sync::atomic::Ordering::SeqCst) {
-                let (op, offset) = (cmd.op, cmd.offset);
-                return done(Completion {
-                    result: Err(DeviceError::Io {
-                        device: "dead-when-armed".into(),
-                        op,
-                        offset,
-                        source: std::io::Error::other("the disk is gone"),
-                    }),
-                    buf: cmd.buf,
-                });
-            }
-            self.mem.submit(cmd, done)
-        }
-    }
-
     /// The device dies while a writer waits for room in the log or the
     /// value log: no checkpoint can make room any more, and the first one
     /// that fails fails the engine, so the writer gets an error instead of
@@ -903,15 +873,11 @@ mod tests {
     /// and so does every later write; nothing acknowledged is lost.
     #[test]
     fn a_checkpoint_the_device_fails_fails_the_writers_waiting_for_room() {
-        use std::sync::atomic::Ordering;
-        let dev = Arc::new(DeadWhenArmed {
-            mem: Arc::new(MemDevice::new(32 << 20)),
-            armed: false.into(),
-        });
-        let e = Arc::new(crate::engine::clean::tests::open_over(dev.clone()).unwrap());
+        let dev = FailingMem::new();
+        let e = Arc::new(open_over(dev.clone()).unwrap());
         let held = e.inner.ckpt.lock();
         let (writer, done) = write_until_refused(&e);
-        dev.armed.store(true, Ordering::SeqCst);
+        dev.fail("the disk is gone", |op, _| op != critio::device::Op::Read);
         drop(held);
         let (acked, err) = done
             .recv_timeout(Duration::from_secs(30))
@@ -927,8 +893,8 @@ mod tests {
         ));
         writer.join().unwrap();
         drop(Arc::into_inner(e).unwrap());
-        dev.armed.store(false, Ordering::SeqCst);
-        let e = crate::engine::clean::tests::open_over(dev).unwrap();
+        dev.heal();
+        let e = open_over(dev).unwrap();
         for i in 0..acked {
             assert_eq!(e.get(&key(i)).unwrap(), Some(value(i)), "key {i}");
         }

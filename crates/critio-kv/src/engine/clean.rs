@@ -816,32 +816,63 @@ pub(super) mod tests {
         e.close().unwrap();
     }
 
-    /// A memory device whose reads at one offset fail while it is armed.
-    struct FailReadsAt {
-        mem: Arc<MemDevice>,
-        at: std::sync::atomic::AtomicU64,
+    /// Which commands a [`FailingMem`] fails (by op and offset), and the
+    /// error's words.
+    type Fault = (
+        Box<dyn Fn(critio::device::Op, u64) -> bool + Send + Sync>,
+        &'static str,
+    );
+
+    /// A 32 MiB memory device that fails the commands its fault picks (a
+    /// bad sector, a disk that died), none until one is set.
+    pub(crate) struct FailingMem {
+        mem: MemDevice,
+        fault: parking_lot::Mutex<Option<Fault>>,
     }
 
-    impl Device for FailReadsAt {
+    impl FailingMem {
+        pub(crate) fn new() -> Arc<Self> {
+            Arc::new(Self {
+                mem: MemDevice::new(32 << 20),
+                fault: parking_lot::Mutex::new(None),
+            })
+        }
+
+        /// From now on, fails the commands `fails` picks with `why`.
+        pub(crate) fn fail(
+            &self,
+            why: &'static str,
+            fails: impl Fn(critio::device::Op, u64) -> bool + Send + Sync + 'static,
+        ) {
+            *self.fault.lock() = Some((Box::new(fails), why));
+        }
+
+        /// Fails nothing any more.
+        pub(crate) fn heal(&self) {
+            *self.fault.lock() = None;
+        }
+    }
+
+    impl Device for FailingMem {
         fn info(&self) -> &critio::device::DeviceInfo {
             self.mem.info()
         }
 
         fn submit(&self, cmd: critio::device::Command, done: critio::device::Completer) {
-            use std::sync::atomic::Ordering;
-            if cmd.op == critio::device::Op::Read && cmd.offset == self.at.load(Ordering::SeqCst) {
-                let offset = cmd.offset;
-                return done(critio::device::Completion {
-                    result: Err(critio::device::DeviceError::Io {
-                        device: "fail-reads-at".into(),
-                        op: critio::device::Op::Read,
-                        offset,
-                        source: std::io::Error::other("bad sector"),
-                    }),
-                    buf: cmd.buf,
-                });
-            }
-            self.mem.submit(cmd, done)
+            let (op, offset) = (cmd.op, cmd.offset);
+            let why = match &*self.fault.lock() {
+                Some((fails, why)) if fails(op, offset) => *why,
+                _ => return self.mem.submit(cmd, done),
+            };
+            done(critio::device::Completion {
+                result: Err(critio::device::DeviceError::Io {
+                    device: "failing-mem".into(),
+                    op,
+                    offset,
+                    source: std::io::Error::other(why),
+                }),
+                buf: cmd.buf,
+            })
         }
     }
 
@@ -856,11 +887,7 @@ pub(super) mod tests {
     /// restart recovers every acknowledged key.
     #[test]
     fn a_failed_write_of_the_cleaners_placed_copies_fails_the_engine_and_loses_nothing() {
-        use std::sync::atomic::Ordering;
-        let dev = Arc::new(FailReadsAt {
-            mem: Arc::new(MemDevice::new(32 << 20)),
-            at: u64::MAX.into(),
-        });
+        let dev = FailingMem::new();
         let e = open_over(dev.clone()).unwrap();
         let value = vec![4u8; 3000];
         for i in 0..4 {
@@ -876,13 +903,15 @@ pub(super) mod tests {
         e.inner.checkpoint().unwrap();
         e.inner.cache.drop_clean();
         let at = e.inner.layout.data.0 + head % v.region() / page * page;
-        dev.at.store(at, Ordering::SeqCst);
+        dev.fail("bad sector", move |op, offset| {
+            op == critio::device::Op::Read && offset == at
+        });
         let err = e.inner.clean(head, None).unwrap_err();
         assert!(
             v.head() > head,
             "the copies were placed before the error: {err}"
         );
-        dev.at.store(u64::MAX, Ordering::SeqCst);
+        dev.heal();
         let after = e.set(b"after", b"acked?", SetOptions::default());
         let _ = e.save();
         drop(e); // a crash: no final checkpoint
