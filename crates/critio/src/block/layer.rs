@@ -514,28 +514,18 @@ impl Inner {
             });
         }
         let class = self.cfg.scheme.classify(sync, context::current_class());
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let hint = IoHint {
-            sync,
-            foreground: context::current_is_foreground(),
-            tag: id,
-        };
-        let cmd = Command {
+        let mut cmd = Command {
             op,
             offset,
             buf,
             class,
-            hint,
+            hint: IoHint {
+                sync,
+                foreground: context::current_is_foreground(),
+                tag: 0,
+            },
         };
         validate(self.device.info(), &cmd)?;
-        let new_state = || IoState::new(id, point, Arc::downgrade(self));
-        let info = ReqInfo {
-            class,
-            level: context::current_background_level(),
-            op,
-            offset,
-            len,
-        };
         // A request its submitter waits for may be done by that thread.
         let here = sync
             && match op {
@@ -544,12 +534,24 @@ impl Inner {
             };
         let mine_here = here && self.goes_here(&cmd);
         // One done here that the core would send at once goes past the
-        // core altogether while the fast path's gate is open.
+        // core altogether while the fast path's gate is open. It takes no
+        // id (its tag stays 0: nothing can promote it), so no shared
+        // counter either.
         if mine_here && !handle && (class == Class::Critical || !self.cfg.scheme.classes()) {
             if let Some(ticket) = self.fast.enter() {
-                return Ok(self.do_fast(ticket, id, point, cmd));
+                return Ok(self.do_fast(ticket, point, cmd));
             }
         }
+        let id = self.next_id();
+        cmd.hint.tag = id;
+        let new_state = || IoState::new(id, point, Arc::downgrade(self));
+        let info = ReqInfo {
+            class,
+            level: context::current_background_level(),
+            op,
+            offset,
+            len,
+        };
         // One that cannot be gets its state now, outside the core lock.
         let state = (handle || !mine_here).then(new_state);
         let now = self.clock.now();
@@ -605,6 +607,11 @@ impl Inner {
         Ok(Started::Pending(
             state.expect("a request someone else completes has its state"),
         ))
+    }
+
+    /// A new request's id.
+    fn next_id(&self) -> ReqId {
+        self.next_id.fetch_add(1, Ordering::Relaxed)
     }
 
     /// Whether the submitter's own request, dispatched by itself, is done
@@ -680,13 +687,7 @@ impl Inner {
     /// ended meanwhile, the core adopted it and it completes through the
     /// core; if the device hands it back, it goes through the device's
     /// completion as an adopted request.
-    fn do_fast(
-        self: &Arc<Self>,
-        ticket: Ticket,
-        id: ReqId,
-        point: &'static str,
-        cmd: Command,
-    ) -> Started {
+    fn do_fast(self: &Arc<Self>, ticket: Ticket, point: &'static str, cmd: Command) -> Started {
         let (op, len) = (cmd.op, cmd.buf.len() as u64);
         let t0 = self.fast.timed().then(|| self.clock.now());
         match self.try_here(cmd) {
@@ -715,7 +716,7 @@ impl Inner {
                 // ended already): the core has adopted the request.
                 drop(self.lock_core());
                 let d = Direct::adopted(op, len, Some(self.clock.now()), &ticket.room);
-                self.send_direct(d, id, point, cmd)
+                self.send_direct(d, self.next_id(), point, cmd)
             }
         }
     }
