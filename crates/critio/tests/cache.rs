@@ -523,6 +523,54 @@ fn a_flushed_file_survives_a_new_cache_and_bad_ranges_are_errors() {
     assert_eq!(&out, b"xyz!!!");
 }
 
+#[test]
+fn discard_drops_the_clean_pages_wholly_in_its_range_and_keeps_the_rest() {
+    let cache = cache_over(
+        Arc::new(MemDevice::new(8 * MIB)),
+        CacheConfig {
+            capacity_bytes: 16 * PAGE as u64,
+            ..CacheConfig::default()
+        },
+    );
+    let f = cache.add_file("f", 0, MIB).unwrap();
+    for p in 0..8u8 {
+        cache
+            .write(f, u64::from(p) * PAGE as u64, &page(p + 1))
+            .unwrap();
+    }
+    cache.flush_file(f).unwrap();
+    cache.write(f, 4 * PAGE as u64, &page(50)).unwrap(); // page 4 dirty again
+    assert_eq!(cache.stats().free_frames, 8);
+    // Pages 1 to 5 lie wholly in the range; 0 and 6 only partly.
+    let dropped = cache
+        .discard(f, PAGE as u64 - 1, 5 * PAGE as u64 + 2)
+        .unwrap();
+    assert_eq!(dropped, 4, "pages 1, 2, 3 and 5: page 4 is dirty");
+    let s = cache.stats();
+    assert_eq!((s.discarded, s.free_frames), (4, 12));
+    // The data is all still there: dropped pages are read from the device,
+    // the dirty one from the cache.
+    let misses = s.misses;
+    let mut out = vec![0u8; 8 * PAGE];
+    cache.read(f, 0, &mut out).unwrap();
+    for p in 0..8 {
+        let want = if p == 4 { 50 } else { p as u8 + 1 };
+        assert!(
+            out[p * PAGE..(p + 1) * PAGE].iter().all(|&b| b == want),
+            "page {p}"
+        );
+    }
+    assert_eq!(
+        cache.stats().misses - misses,
+        4,
+        "only the dropped pages missed"
+    );
+    let e = cache
+        .discard(f, MIB - PAGE as u64, 2 * PAGE as u64)
+        .unwrap_err();
+    assert!(e.to_string().contains("outside file"), "{e}");
+}
+
 #[derive(Clone, Debug)]
 enum CacheOp {
     Write {
@@ -551,6 +599,13 @@ enum CacheOp {
     },
     FlushAll,
     DropClean,
+    /// `discard` of a range: drops its clean pages only, so nothing read
+    /// changes.
+    Discard {
+        file: usize,
+        offset: u64,
+        len: usize,
+    },
 }
 
 const FILE_LEN: u64 = 48 * PAGE as u64;
@@ -563,18 +618,20 @@ fn cache_op() -> impl Strategy<Value = CacheOp> {
     prop_oneof![
         4 => (range.clone(), any::<u8>()).prop_map(|((file, offset, len), byte)| CacheOp::Write { file, offset, len, byte }),
         3 => range.clone().prop_map(|(file, offset, len)| CacheOp::Read { file, offset, len }),
-        1 => range.prop_map(|(file, offset, len)| CacheOp::ReadCached { file, offset, len }),
+        1 => range.clone().prop_map(|(file, offset, len)| CacheOp::ReadCached { file, offset, len }),
         1 => (0..2usize).prop_map(|file| CacheOp::ReadThrough { file }),
         1 => (0..2usize).prop_map(|file| CacheOp::Flush { file }),
         1 => Just(CacheOp::FlushAll),
         1 => Just(CacheOp::DropClean),
+        2 => range.prop_map(|(file, offset, len)| CacheOp::Discard { file, offset, len }),
     ]
 }
 
 proptest! {
     #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
 
-    /// Whatever sequence of reads, writes, flushes and evictions, the cache
+    /// Whatever sequence of reads, writes, flushes, evictions and discards,
+    /// the cache
     /// reads back what was last written, and after a final flush so does a
     /// new cache over the same device.
     #[test]
@@ -623,6 +680,9 @@ proptest! {
                 CacheOp::Flush { file } => cache.flush_file(files[file]).unwrap(),
                 CacheOp::FlushAll => cache.flush_all().unwrap(),
                 CacheOp::DropClean => { cache.drop_clean(); }
+                CacheOp::Discard { file, offset, len } => {
+                    cache.discard(files[file], offset, len as u64).unwrap();
+                }
             }
         }
         cache.flush_all().unwrap();

@@ -544,6 +544,30 @@ impl Frames {
         v
     }
 
+    /// Frames that hold no page.
+    pub(crate) fn free_frames(&self) -> usize {
+        self.lists.len(ListId::Free)
+    }
+
+    /// Drops `key`'s page if it is cached and clean: its frame goes to
+    /// the free list. A page that is dirty, under writeback or loading
+    /// stays. True if it was dropped.
+    pub(crate) fn discard(&mut self, key: PageKey) -> bool {
+        let Some(i) = self.lookup(key) else {
+            return false;
+        };
+        let f = &mut self.frames[i];
+        if !matches!(f.state, State::Clean) {
+            return false;
+        }
+        f.key = None;
+        f.state = State::Free;
+        f.referenced = false;
+        self.map.remove(&key);
+        self.lists.move_back(ListId::Free, i);
+        true
+    }
+
     /// Drops every clean page (tests; a cold cache).
     pub(crate) fn drop_clean(&mut self) -> usize {
         let mut n = 0;
@@ -647,6 +671,36 @@ mod tests {
         assert_ne!(i, dirty, "a dirty page is never evicted");
         assert!(f.lookup(key(9)).is_some());
         assert_eq!(f.lookup(key(0)), Some(dirty));
+        f.check_invariants();
+    }
+
+    #[test]
+    fn a_discarded_clean_page_frees_its_frame_and_other_states_stay() {
+        let mut f = Frames::new(4, 16);
+        fill(&mut f, 0..3);
+        let dirty = f.lookup(key(1)).unwrap();
+        f.mark_written(dirty, Class::NonCritical, 1);
+        let loading = match f.alloc(key(2 + 7)) {
+            Alloc::Frame(i) => i,
+            _ => panic!("a free frame is left"),
+        };
+        f.begin_load(loading, pending());
+        assert_eq!(f.free_frames(), 0);
+        assert!(f.discard(key(0)), "a clean page is dropped");
+        assert!(!f.discard(key(1)), "a dirty page stays");
+        assert!(!f.discard(key(9)), "a loading page stays");
+        assert!(!f.discard(key(5)), "nothing to drop");
+        assert_eq!(f.lookup(key(0)), None);
+        assert_eq!(f.free_frames(), 1);
+        // The next page takes the freed frame, not another clean page.
+        let Alloc::Frame(i) = f.alloc(key(8)) else {
+            panic!("expected a frame")
+        };
+        assert!(f.lookup(key(2)).is_some(), "no clean page was evicted");
+        assert_eq!(f.free_frames(), 0);
+        f.begin_load(i, pending());
+        f.end_load(i);
+        f.end_load(loading);
         f.check_invariants();
     }
 

@@ -159,6 +159,7 @@ struct Counters {
     read_through_pages: AtomicU64,
     writeback_pages: AtomicU64,
     writeback_errors: AtomicU64,
+    discarded: AtomicU64,
 }
 
 pub(crate) struct Inner {
@@ -209,12 +210,17 @@ pub struct CacheStats {
     pub writeback_pages: u64,
     /// Writeback writes that failed (the pages stay dirty).
     pub writeback_errors: u64,
+    /// Clean pages dropped by [`PageCache::discard`] (their owner's dead
+    /// bytes).
+    pub discarded: u64,
     /// Dirty pages of critical writers now.
     pub dirty_critical: usize,
     /// Dirty pages of non-critical writers now.
     pub dirty_noncritical: usize,
     /// Frames.
     pub frames: usize,
+    /// Frames holding no page now (read under each part's lock in turn).
+    pub free_frames: usize,
 }
 
 impl PageCache {
@@ -535,6 +541,41 @@ impl PageCache {
         Ok(self.inner.block.flush()?)
     }
 
+    /// Drops the clean cached pages that lie wholly within `[offset,
+    /// offset + len)` of `file`, bytes its owner will not read again (a
+    /// log's cleaned space): their frames are free at once, so pages
+    /// still in use are not evicted in their place. Pages that are dirty,
+    /// under writeback or loading stay, as they are (their bytes may still
+    /// be needed on the device). Returns how many pages were dropped.
+    /// Costs O(pages in the range), taking one part's lock per stripe.
+    pub fn discard(&self, file: FileId, offset: u64, len: u64) -> Result<usize, CacheError> {
+        let (_, size) = self.inner.file(file);
+        let end = offset.checked_add(len).filter(|&e| e <= size);
+        let Some(end) = end else {
+            return Err(CacheError::OutOfRange {
+                file,
+                offset,
+                len,
+                size,
+            });
+        };
+        let (page, stripe) = (self.inner.page as u64, self.inner.stripe);
+        let (mut at, last) = (offset.div_ceil(page), end / page);
+        let mut dropped = 0;
+        while at < last {
+            // A stripe's pages are in one part: one lock hold each.
+            let upto = ((at / stripe + 1) * stripe).min(last);
+            let mut core = self.inner.shard(PageKey { file, page: at }).lock();
+            for p in at..upto {
+                dropped += usize::from(core.frames.discard(PageKey { file, page: p }));
+            }
+            drop(core);
+            at = upto;
+        }
+        (self.inner.counters.discarded).fetch_add(dropped as u64, Ordering::Relaxed);
+        Ok(dropped)
+    }
+
     /// Drops every clean page (a cold cache, for tests and experiments).
     pub fn drop_clean(&self) -> usize {
         (self.inner.shards.iter())
@@ -558,7 +599,7 @@ impl PageCache {
         self.inner.throttle_wait()
     }
 
-    /// The counters.
+    /// The counters, and the frames free now.
     pub fn stats(&self) -> CacheStats {
         let c = &self.inner.counters;
         CacheStats {
@@ -569,9 +610,13 @@ impl PageCache {
             read_through_pages: c.read_through_pages.load(Ordering::Relaxed),
             writeback_pages: c.writeback_pages.load(Ordering::Relaxed),
             writeback_errors: c.writeback_errors.load(Ordering::Relaxed),
+            discarded: c.discarded.load(Ordering::Relaxed),
             dirty_critical: self.inner.dirty(Class::Critical),
             dirty_noncritical: self.inner.dirty(Class::NonCritical),
             frames: self.inner.cfg.frames(),
+            free_frames: (self.inner.shards.iter())
+                .map(|s| s.lock().frames.free_frames())
+                .sum(),
         }
     }
 
