@@ -224,6 +224,60 @@ fn background_jobs_complete_while_writes_go_on() {
     e.close().unwrap();
 }
 
+/// BGREWRITEAOF writes a copy of every live record through the cache and
+/// BGSAVE writes its dump through it: the pages they leave dead (the
+/// cleaned log behind the copies, the finished dump) leave the cache at
+/// once, so a store that fits keeps every key cached, with the rest of the
+/// cache free, however many rounds run.
+#[test]
+fn background_rounds_leave_a_store_that_fits_cached_with_frames_to_spare() {
+    const FRAMES: u64 = 1024;
+    const KEYS: usize = 400;
+    let stack = stack_on(
+        Arc::new(MemDevice::new(64 * MIB)),
+        FRAMES * 4096,
+        log_config(),
+    );
+    let e = Engine::open(&stack, small_config()).unwrap();
+    let mut rng = SmallRng::seed_from_u64(3);
+    // Incompressible values: the dump is as large as the data.
+    let mut model = HashMap::new();
+    for i in 0..KEYS {
+        let v: Vec<u8> = (0..2000).map(|_| rng.gen()).collect();
+        set(&e, &format!("k{i}"), &v);
+        model.insert(format!("k{i}"), v);
+    }
+    let live_pages = (KEYS as u64 * 2048).div_ceil(4096);
+    let wait = |e: &Engine| {
+        while e.background_running() != (false, false) {
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+    };
+    // Each round writes about twice the data through the cache: 8 rounds,
+    // about 3x the cache.
+    for _ in 0..8 {
+        e.bgsave().unwrap();
+        wait(&e);
+        e.bgrewrite().unwrap();
+        wait(&e);
+    }
+    let s = e.background_stats();
+    assert_eq!((s.snapshots, s.rewrites), (8, 8), "{s:?}");
+    assert!(s.last_error.is_none(), "{s:?}");
+    let c = stack.cache().stats();
+    assert!(c.discarded >= 8 * 2 * live_pages * 9 / 10, "{c:?}");
+    assert!(
+        c.free_frames as u64 >= FRAMES - 3 * live_pages,
+        "the dead pages filled the cache: {c:?}"
+    );
+    let misses = c.misses;
+    for (k, v) in &model {
+        assert_eq!(e.get(k.as_bytes()).unwrap().as_ref(), Some(v), "{k}");
+    }
+    assert_eq!(stack.cache().stats().misses, misses, "every key was cached");
+    e.close().unwrap();
+}
+
 /// Writes acknowledged keys, cuts the power at a seeded moment, restarts,
 /// and checks every acknowledged write.
 fn power_cut_round(seed: u64, device_bytes: u64, writes: std::ops::Range<usize>) {

@@ -117,7 +117,7 @@ impl Inner {
             done.bytes += u64::from(size);
             if batch.full() {
                 self.clean_batch(&mut batch, &mut done)?;
-                self.vlog.cleaned_to(addr + u64::from(size));
+                self.vlog.cleaned_to(addr + u64::from(size))?;
             }
             if let Some(p) = progress {
                 p.advance(addr + u64::from(size) - from, done.copied);
@@ -125,7 +125,7 @@ impl Inner {
             Ok(Flow::Continue)
         })?;
         self.clean_batch(&mut batch, &mut done)?;
-        self.vlog.cleaned_to(reached);
+        self.vlog.cleaned_to(reached)?;
         let mut bg = self.bg.lock();
         bg.stats.cleaned_records += done.copied;
         bg.stats.cleaned_bytes += done.bytes;
@@ -248,7 +248,7 @@ impl Inner {
     /// is not enough, wait (a snapshot holds the space), or the store is
     /// full.
     fn make_room(&self, addr: u64, bytes: u64) -> Result<(), EngineError> {
-        self.vlog.cleaned_to(addr);
+        self.vlog.cleaned_to(addr)?;
         self.checkpoint()?;
         if self.vlog.try_reserve(bytes, 0, 0, Who::Cleaner)?.is_some() {
             return Ok(());

@@ -152,6 +152,10 @@ impl DumpWriter<'_> {
         head.resize(self.inner.layout.page as usize, 0);
         self.inner.cache.write(self.inner.dump, 0, &head)?;
         self.inner.cache.flush_file(self.inner.dump)?;
+        // Written and durable, the dump is not read again by the server:
+        // its pages leave the cache at once instead of pushing out pages
+        // of the data as it grows.
+        self.inner.cache.discard(self.inner.dump, 0, self.offset)?;
         Ok(self.size)
     }
 }

@@ -584,11 +584,31 @@ impl Vlog {
         self.head.load(Ordering::SeqCst)
     }
 
-    /// The cleaner copied every live record below `to` to the head.
-    pub(crate) fn cleaned_to(&self, to: u64) {
-        let mut st = self.state.lock();
-        assert!(to >= st.clean_tail && to <= self.head.load(Ordering::SeqCst));
-        st.clean_tail = to;
+    /// The cleaner copied every live record below `to` to the head. The
+    /// pages the clean tail passed hold only dead records: the cache drops
+    /// the clean ones now ([`PageCache::discard`]), so they, not the pages
+    /// of live records, make room for what comes next (the cleaner writes
+    /// its copies through the cache, and on a cache that holds the data, a
+    /// BGREWRITEAOF would otherwise push a live page out for each page it
+    /// copies). Their bytes stay on the device until the space is reused,
+    /// as recovery may read them until a checkpoint moves the reuse tail.
+    pub(crate) fn cleaned_to(&self, to: u64) -> Result<(), EngineError> {
+        let from = {
+            let mut st = self.state.lock();
+            assert!(to >= st.clean_tail && to <= self.head.load(Ordering::SeqCst));
+            std::mem::replace(&mut st.clean_tail, to)
+        };
+        // From the start of the page holding the old clean tail: its bytes
+        // before the tail were dead already. The page holding `to` is kept.
+        let from = from / self.page * self.page;
+        let mut at = from;
+        while at < to {
+            let phys = at % self.region;
+            let n = (to - at).min(self.region - phys);
+            self.cache.discard(self.file, phys, n)?;
+            at += n;
+        }
+        Ok(())
     }
 
     /// A checkpoint whose boundary had clean tail `tail` is durable: the

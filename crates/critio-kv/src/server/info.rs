@@ -419,6 +419,7 @@ fn cache(s: &Shared, out: &mut String) {
         c.hits as f64 / lookups as f64
     };
     kv(out, "cache_frames", c.frames);
+    kv(out, "cache_free_frames", c.free_frames);
     kv(out, "cache_hits", c.hits);
     kv(out, "cache_misses", c.misses);
     kv(out, "cache_hit_rate", format!("{rate:.4}"));
@@ -428,6 +429,7 @@ fn cache(s: &Shared, out: &mut String) {
     kv(out, "cache_reclaims", c.reclaims);
     kv(out, "cache_writeback_pages", c.writeback_pages);
     kv(out, "cache_writeback_errors", c.writeback_errors);
+    kv(out, "cache_discarded", c.discarded);
 }
 
 fn log(s: &Shared, out: &mut String) {

@@ -26,8 +26,8 @@
 //! | `wait_seconds`: every wait point's waits                | histogram | `point`, `class`  |
 //! | `inherit_boosts_total`, `inherit_revocations_total`, `inherit_resolutions_total` | counter | `kind` |
 //! | `inherit_helpers_dropped_total`, `inherit_chain_steps_total`, `inherit_chain_truncated_total`, `inherit_chain_cycles_total` | counter | |
-//! | `cache_hits_total`, `cache_misses_total`, `cache_throttled_total`, `cache_reclaims_total`, `cache_read_through_pages_total`, `cache_writeback_pages_total`, `cache_writeback_errors_total` | counter | |
-//! | `cache_capacity_bytes`, `cache_frames`                  | gauge     |                   |
+//! | `cache_hits_total`, `cache_misses_total`, `cache_throttled_total`, `cache_reclaims_total`, `cache_read_through_pages_total`, `cache_writeback_pages_total`, `cache_writeback_errors_total`, `cache_discarded_total` | counter | |
+//! | `cache_capacity_bytes`, `cache_frames`, `cache_free_frames` | gauge |               |
 //! | `cache_dirty_pages`                                     | gauge     | `class`           |
 //! | `log_batches_total`, `log_committer_batches_total`, `log_records_total`, `log_written_bytes_total`, `log_truncations_total` | counter | |
 //! | `log_used_bytes`, `log_capacity_bytes`, `log_poisoned`, `vlog_live_bytes`, `vlog_used_bytes`, `vlog_capacity_bytes` | gauge | |
@@ -446,6 +446,12 @@ fn cache(out: &mut Out, b: &Backend) -> fmt::Result {
         b.cache.config().capacity_bytes,
     )?;
     out.gauge("cache_frames", "Page cache frames.", None, c.frames)?;
+    out.gauge(
+        "cache_free_frames",
+        "Page cache frames holding no page now.",
+        None,
+        c.free_frames,
+    )?;
     for (name, help, v) in [
         (
             "cache_hits",
@@ -477,6 +483,11 @@ fn cache(out: &mut Out, b: &Backend) -> fmt::Result {
             "cache_writeback_errors",
             "Writeback writes that failed (the pages stay dirty).",
             c.writeback_errors,
+        ),
+        (
+            "cache_discarded",
+            "Clean pages dropped because their owner no longer needs them (cleaned log space, a finished dump).",
+            c.discarded,
         ),
     ] {
         out.counter(name, help, None, v)?;
