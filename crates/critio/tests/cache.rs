@@ -571,6 +571,49 @@ fn discard_drops_the_clean_pages_wholly_in_its_range_and_keeps_the_rest() {
     assert!(e.to_string().contains("outside file"), "{e}");
 }
 
+#[test]
+fn a_write_around_the_cache_reaches_the_device_and_leaves_no_older_page_cached() {
+    let cache = cache_over(
+        Arc::new(MemDevice::new(8 * MIB)),
+        CacheConfig {
+            capacity_bytes: 16 * PAGE as u64,
+            ..CacheConfig::default()
+        },
+    );
+    let f = cache.add_file("f", 4 * MIB, MIB).unwrap();
+    cache.write(f, 0, &page(1)).unwrap();
+    cache.flush_file(f).unwrap(); // page 0 clean
+    cache.write(f, PAGE as u64, &page(2)).unwrap(); // page 1 dirty
+    let free = cache.stats().free_frames;
+    let mut data = page(7);
+    data.extend(page(8));
+    data.extend(page(9));
+    cache
+        .start_write_around(f, 0, &data)
+        .unwrap()
+        .finish()
+        .unwrap();
+    let s = cache.stats();
+    assert_eq!(s.written_around_pages, 3);
+    assert_eq!(
+        s.free_frames,
+        free + 2,
+        "neither old page is cached any more"
+    );
+    assert_eq!(s.dirty_critical + s.dirty_noncritical, 0);
+    // What the device holds now is the new data (page 1's older dirty
+    // bytes were written back before, never after).
+    let mut out = vec![0u8; 3 * PAGE];
+    cache.read_through(f, 0, &mut out).unwrap();
+    assert!(out == data);
+    cache.read(f, 0, &mut out).unwrap();
+    assert!(out == data);
+    let e = cache.start_write_around(f, 100, &page(1)).err().unwrap();
+    assert!(e.to_string().contains("not whole pages"), "{e}");
+    let e = cache.start_write_around(f, MIB, &page(1)).err().unwrap();
+    assert!(e.to_string().contains("outside file"), "{e}");
+}
+
 #[derive(Clone, Debug)]
 enum CacheOp {
     Write {
@@ -599,6 +642,13 @@ enum CacheOp {
     },
     FlushAll,
     DropClean,
+    /// `start_write_around` of whole pages, waited for.
+    WriteAround {
+        file: usize,
+        page: u64,
+        pages: usize,
+        byte: u8,
+    },
     /// `discard` of a range: drops its clean pages only, so nothing read
     /// changes.
     Discard {
@@ -624,14 +674,16 @@ fn cache_op() -> impl Strategy<Value = CacheOp> {
         1 => Just(CacheOp::FlushAll),
         1 => Just(CacheOp::DropClean),
         2 => range.prop_map(|(file, offset, len)| CacheOp::Discard { file, offset, len }),
+        2 => (0..2usize, 0..FILE_LEN / PAGE as u64 - 3, 1..=3usize, any::<u8>())
+            .prop_map(|(file, page, pages, byte)| CacheOp::WriteAround { file, page, pages, byte }),
     ]
 }
 
 proptest! {
     #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
 
-    /// Whatever sequence of reads, writes, flushes, evictions and discards,
-    /// the cache
+    /// Whatever sequence of reads, writes (also around the cache),
+    /// flushes, evictions and discards, the cache
     /// reads back what was last written, and after a final flush so does a
     /// new cache over the same device.
     #[test]
@@ -682,6 +734,11 @@ proptest! {
                 CacheOp::DropClean => { cache.drop_clean(); }
                 CacheOp::Discard { file, offset, len } => {
                     cache.discard(files[file], offset, len as u64).unwrap();
+                }
+                CacheOp::WriteAround { file, page, pages, byte } => {
+                    let (at, data) = (page * PAGE as u64, vec![byte; pages * PAGE]);
+                    cache.start_write_around(files[file], at, &data).unwrap().finish().unwrap();
+                    model[file][at as usize..at as usize + data.len()].copy_from_slice(&data);
                 }
             }
         }

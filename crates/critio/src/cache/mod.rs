@@ -103,6 +103,21 @@ impl ReadThrough {
     }
 }
 
+/// A [`PageCache::start_write_around`] in flight: its device writes.
+pub struct WriteAround {
+    writes: Vec<crate::block::IoHandle>,
+}
+
+impl WriteAround {
+    /// Waits for the device writes (not for a device flush).
+    pub fn finish(self) -> Result<(), CacheError> {
+        for io in self.writes {
+            io.wait()?;
+        }
+        Ok(())
+    }
+}
+
 /// Why a cache operation failed.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -121,6 +136,20 @@ pub enum CacheError {
         len: u64,
         /// The file's size.
         size: u64,
+    },
+    /// A write around the cache must cover whole pages.
+    #[error(
+        "cache: {len} bytes at offset {offset} of file {file} are not whole pages of {page} bytes"
+    )]
+    Unaligned {
+        /// The file.
+        file: FileId,
+        /// The requested offset.
+        offset: u64,
+        /// The requested length.
+        len: u64,
+        /// The page size.
+        page: u64,
     },
     /// A file cannot be placed there.
     #[error("cache: cannot add file `{name}`: {why}")]
@@ -160,6 +189,7 @@ struct Counters {
     writeback_pages: AtomicU64,
     writeback_errors: AtomicU64,
     discarded: AtomicU64,
+    written_around_pages: AtomicU64,
 }
 
 pub(crate) struct Inner {
@@ -213,6 +243,9 @@ pub struct CacheStats {
     /// Clean pages dropped by [`PageCache::discard`] (their owner's dead
     /// bytes).
     pub discarded: u64,
+    /// Pages written straight to the device by
+    /// [`PageCache::start_write_around`].
+    pub written_around_pages: u64,
     /// Dirty pages of critical writers now.
     pub dirty_critical: usize,
     /// Dirty pages of non-critical writers now.
@@ -541,6 +574,79 @@ impl PageCache {
         Ok(self.inner.block.flush()?)
     }
 
+    /// Writes `data`, whole pages at `offset` of `file`, straight to the
+    /// device in the caller's class without keeping them, and does not
+    /// wait: [`WriteAround::finish`] does (then a device flush makes them
+    /// durable). For data written once and not read back soon (a
+    /// snapshot's dump): through the cache, each of its pages would take a
+    /// frame from pages in use, count against its writer's dirty limit and
+    /// be copied twice. A page of the range still cached is written back
+    /// first if dirty ([`PageCache::flush_file`]'s way, for the whole
+    /// file) and dropped, so the cache never holds older bytes than the
+    /// device; the caller makes sure no one else reads or writes the range
+    /// until the writes end.
+    pub fn start_write_around(
+        &self,
+        file: FileId,
+        offset: u64,
+        data: &[u8],
+    ) -> Result<WriteAround, CacheError> {
+        let (base, size) = self.inner.file(file);
+        let len = data.len() as u64;
+        if offset.checked_add(len).is_none_or(|e| e > size) {
+            return Err(CacheError::OutOfRange {
+                file,
+                offset,
+                len,
+                size,
+            });
+        }
+        let page = self.inner.page as u64;
+        if offset % page != 0 || len % page != 0 {
+            return Err(CacheError::Unaligned {
+                file,
+                offset,
+                len,
+                page,
+            });
+        }
+        // Cached pages of the range go first; if one was not clean, the
+        // file's dirty pages are written back and the range looked at
+        // again (a page being loaded is clean once loaded).
+        loop {
+            self.discard(file, offset, len)?;
+            if self.cached_pages(file, offset, len) == 0 {
+                break;
+            }
+            self.inner.flush_file(file)?;
+            std::thread::yield_now();
+        }
+        let most = crate::block::IO_LEN_MAX as usize / self.inner.page * self.inner.page;
+        let mut writes = Vec::new();
+        for (k, chunk) in data.chunks(most.max(self.inner.page)).enumerate() {
+            let at = base + offset + (k * most) as u64;
+            let io = self
+                .inner
+                .block
+                .write_async(at, AlignedBuf::from_slice(chunk))?;
+            writes.push(io);
+        }
+        (self.inner.counters.written_around_pages).fetch_add(len / page, Ordering::Relaxed);
+        Ok(WriteAround { writes })
+    }
+
+    /// Pages of `[offset, offset + len)` of `file` (page-aligned) cached
+    /// now, whatever their state.
+    fn cached_pages(&self, file: FileId, offset: u64, len: u64) -> usize {
+        let page = self.inner.page as u64;
+        (offset / page..(offset + len) / page)
+            .filter(|&p| {
+                let key = PageKey { file, page: p };
+                self.inner.shard(key).lock().frames.lookup(key).is_some()
+            })
+            .count()
+    }
+
     /// Drops the clean cached pages that lie wholly within `[offset,
     /// offset + len)` of `file`, bytes its owner will not read again (a
     /// log's cleaned space): their frames are free at once, so pages
@@ -611,6 +717,7 @@ impl PageCache {
             writeback_pages: c.writeback_pages.load(Ordering::Relaxed),
             writeback_errors: c.writeback_errors.load(Ordering::Relaxed),
             discarded: c.discarded.load(Ordering::Relaxed),
+            written_around_pages: c.written_around_pages.load(Ordering::Relaxed),
             dirty_critical: self.inner.dirty(Class::Critical),
             dirty_noncritical: self.inner.dirty(Class::NonCritical),
             frames: self.inner.cfg.frames(),
