@@ -26,7 +26,10 @@
 //!  entry:     klen u32 | key | kind u8 | expire_ms u64 | vlen u32 | value
 //! ```
 
+use std::collections::VecDeque;
 use std::time::Instant;
+
+use critio::cache::WriteAround;
 
 use super::entry::{Entry, Reader, Value};
 use super::index::{Index, STRIPES};
@@ -43,11 +46,20 @@ const DUMP_CHUNK: usize = 1 << 20;
 /// A frame's header: raw length u32, stored length u32.
 const FRAME_HEADER: usize = 8;
 
+/// Stored bytes of the dump a BGSAVE keeps in flight to the device.
+const DUMP_INFLIGHT: u64 = 4 * DUMP_CHUNK as u64;
+
 /// Streams entries into the dump file: compressed a frame at a time,
-/// written whole pages at a time.
+/// written whole pages at a time around the page cache
+/// ([`critio::cache::PageCache::start_write_around`]: the dump is not read
+/// back by the server, and through the cache it would push out pages of
+/// the data), a few writes in flight.
 struct DumpWriter<'a> {
     inner: &'a Inner,
     offset: u64,
+    /// The writes in flight, oldest first, with their bytes.
+    inflight: VecDeque<(u64, WriteAround)>,
+    inflight_bytes: u64,
     /// Entries not yet compressed.
     raw: Vec<u8>,
     /// Stored (compressed) bytes not yet written.
@@ -133,16 +145,37 @@ impl DumpWriter<'_> {
         }
         let mut chunk: Vec<u8> = self.buf.drain(..n.min(self.buf.len())).collect();
         chunk.resize(n, 0);
-        self.inner
-            .cache
-            .write(self.inner.dump, self.offset, &chunk)?;
+        let cache = &self.inner.cache;
+        let write = cache.start_write_around(self.inner.dump, self.offset, &chunk)?;
+        self.inflight.push_back((n as u64, write));
+        self.inflight_bytes += n as u64;
+        while self.inflight_bytes > DUMP_INFLIGHT {
+            self.wait_oldest()?;
+        }
         self.offset += n as u64;
         Ok(())
     }
 
+    /// Waits for the oldest write in flight.
+    fn wait_oldest(&mut self) -> Result<(), EngineError> {
+        if let Some((n, write)) = self.inflight.pop_front() {
+            self.inflight_bytes -= n;
+            write.finish()?;
+        }
+        Ok(())
+    }
+
+    /// Writes the rest, then the header once the body is durable (so a
+    /// header never describes a body not yet on the device), then makes
+    /// that durable.
     fn finish(mut self) -> Result<DumpSize, EngineError> {
         self.frame();
         self.write(true)?;
+        while !self.inflight.is_empty() {
+            self.wait_oldest()?;
+        }
+        let cache = &self.inner.cache;
+        cache.block().flush()?;
         let mut head = Vec::with_capacity(self.inner.layout.page as usize);
         head.extend_from_slice(DUMP_MAGIC);
         head.extend_from_slice(&DUMP_VERSION.to_le_bytes());
@@ -150,12 +183,10 @@ impl DumpWriter<'_> {
         head.extend_from_slice(&self.size.stored.to_le_bytes());
         head.extend_from_slice(&self.crc.to_le_bytes());
         head.resize(self.inner.layout.page as usize, 0);
-        self.inner.cache.write(self.inner.dump, 0, &head)?;
-        self.inner.cache.flush_file(self.inner.dump)?;
-        // Written and durable, the dump is not read again by the server:
-        // its pages leave the cache at once instead of pushing out pages
-        // of the data as it grows.
-        self.inner.cache.discard(self.inner.dump, 0, self.offset)?;
+        cache
+            .start_write_around(self.inner.dump, 0, &head)?
+            .finish()?;
+        cache.block().flush()?;
         Ok(self.size)
     }
 }
@@ -185,6 +216,8 @@ impl Inner {
         let mut w = DumpWriter {
             inner: self,
             offset: self.layout.page,
+            inflight: VecDeque::new(),
+            inflight_bytes: 0,
             raw: Vec::with_capacity(DUMP_CHUNK + (64 << 10)),
             buf: Vec::with_capacity(2 * DUMP_CHUNK),
             crc: 0,
