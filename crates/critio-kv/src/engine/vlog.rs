@@ -593,21 +593,28 @@ impl Vlog {
     /// copies). Their bytes stay on the device until the space is reused,
     /// as recovery may read them until a checkpoint moves the reuse tail.
     pub(crate) fn cleaned_to(&self, to: u64) -> Result<(), EngineError> {
-        let from = {
-            let mut st = self.state.lock();
-            assert!(to >= st.clean_tail && to <= self.head.load(Ordering::SeqCst));
-            std::mem::replace(&mut st.clean_tail, to)
-        };
-        // From the start of the page holding the old clean tail: its bytes
-        // before the tail were dead already. The page holding `to` is kept.
-        let from = from / self.page * self.page;
-        let mut at = from;
+        // Only the cleaner moves the clean tail.
+        let tail = self.state.lock().clean_tail;
+        assert!(to >= tail && to <= self.head.load(Ordering::SeqCst));
+        // Dropped before the tail moves: until it has, no checkpoint can
+        // make this space reusable, so no writer fills these pages anew
+        // meanwhile (their next lap's bytes would be dropped, if written
+        // back already, and missed later). From the start of the page
+        // holding the old tail (its bytes before the tail were dead
+        // already); the page holding `to` is kept.
+        let mut at = tail / self.page * self.page;
         while at < to {
             let phys = at % self.region;
             let n = (to - at).min(self.region - phys);
             self.cache.discard(self.file, phys, n)?;
             at += n;
         }
+        let mut st = self.state.lock();
+        assert_eq!(
+            st.clean_tail, tail,
+            "the clean tail moved under the cleaner"
+        );
+        st.clean_tail = to;
         Ok(())
     }
 
