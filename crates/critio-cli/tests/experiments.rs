@@ -113,7 +113,7 @@ fn every_experiment_runs_short_and_reports() {
             }
             args.extend(["--device", file_arg.as_str()]);
         }
-        let redis_runs = ["kv-background", "kv-vs-redis", "run-redis"];
+        let redis_runs = ["kv-background", "kv-vs-redis", "kv-cache-jobs", "run-redis"];
         if redis_runs.contains(&name.as_str()) && which("redis-benchmark").is_none() {
             eprintln!("skipped {name}: redis-benchmark is not installed");
             continue;
@@ -127,7 +127,7 @@ fn every_experiment_runs_short_and_reports() {
             continue;
         }
         let kv_dir = format!("file:{}", dir.join(name.as_str()).display());
-        if ["kv-vs-redis", "run-redis", "run-postgres"].contains(&name.as_str()) {
+        if ["kv-vs-redis", "kv-cache-jobs", "run-redis", "run-postgres"].contains(&name.as_str()) {
             args.extend(["--device", kv_dir.as_str()]);
         }
         let small = dir.join("e4-small.toml");

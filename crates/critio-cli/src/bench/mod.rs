@@ -13,6 +13,7 @@ mod e5_ablation;
 mod fio;
 pub(crate) mod host;
 mod kv_background;
+mod kv_cache_jobs;
 mod kv_vs_redis;
 mod lock_overhead;
 mod peers;
@@ -165,6 +166,12 @@ pub const EXPERIMENTS: &[Experiment] = &[
         name: "kv-vs-redis",
         about: "critio-kv (file, none and rcp) vs stock Redis (appendfsync always): redis-benchmark alone and under BGSAVE/BGREWRITEAOF, two sizes (needs redis-server, redis-tools)",
         run: kv_vs_redis::run,
+        results_on: &[ResultsOn::File],
+    },
+    Experiment {
+        name: "kv-cache-jobs",
+        about: "critio-kv rcp vs Redis: GETs of incompressible data that fits the cache, alone and under BGSAVE/BGREWRITEAOF; critio's cache misses (needs redis-tools)",
+        run: kv_cache_jobs::run,
         results_on: &[ResultsOn::File],
     },
     Experiment {

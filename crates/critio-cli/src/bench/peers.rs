@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 
 use critio_kv::Scheme;
 use indicatif::ProgressBar;
+use rand::SeedableRng;
 
 use super::kv_background::{parse, TestResult};
 use super::placement::{spawn_on, Placement};
@@ -234,10 +235,32 @@ impl Peer {
     }
 
     /// Writes keys `key:000000000000`.. (redis-benchmark's `-r` names) with
-    /// values of `value_bytes`: MSETs of [`PRELOAD_MSET_KEYS`] keys,
-    /// pipelined, from [`PRELOAD_CONNECTIONS`] connections.
+    /// values of `value_bytes` (letters in turn, which compress well):
+    /// MSETs of [`PRELOAD_MSET_KEYS`] keys, pipelined, from
+    /// [`PRELOAD_CONNECTIONS`] connections.
     pub fn preload(&self, keys: u64, value_bytes: usize, bar: &ProgressBar) -> Result<(), String> {
-        let value: Vec<u8> = (0..value_bytes).map(|i| b'a' + (i % 26) as u8).collect();
+        self.preload_values(keys, value_bytes, false, bar)
+    }
+
+    /// [`Peer::preload`] with random bytes for values if `random` (each
+    /// key's own, seeded by its number): data that does not compress, so
+    /// a snapshot of it is as large as the data.
+    pub fn preload_values(
+        &self,
+        keys: u64,
+        value_bytes: usize,
+        random: bool,
+        bar: &ProgressBar,
+    ) -> Result<(), String> {
+        let letters: Vec<u8> = (0..value_bytes).map(|i| b'a' + (i % 26) as u8).collect();
+        let value_of = |i: u64| -> Vec<u8> {
+            if !random {
+                return letters.clone();
+            }
+            let mut v = vec![0u8; value_bytes];
+            rand::RngCore::fill_bytes(&mut rand::rngs::SmallRng::seed_from_u64(i), &mut v);
+            v
+        };
         bar.set_length(keys);
         bar.set_position(0);
         let next = std::sync::atomic::AtomicU64::new(0);
@@ -245,7 +268,7 @@ impl Peer {
         std::thread::scope(|s| {
             let workers: Vec<_> = (0..PRELOAD_CONNECTIONS)
                 .map(|_| {
-                    let (next, value) = (&next, &value);
+                    let (next, value_of) = (&next, &value_of);
                     s.spawn(move || -> Result<(), String> {
                         let mut con = self.connect()?;
                         loop {
@@ -260,7 +283,7 @@ impl Peer {
                                 let end = (at + PRELOAD_MSET_KEYS).min(last);
                                 let cmd = pipe.cmd("MSET");
                                 for i in at..end {
-                                    cmd.arg(format!("key:{i:012}")).arg(value);
+                                    cmd.arg(format!("key:{i:012}")).arg(value_of(i));
                                 }
                                 cmd.ignore();
                                 at = end;
