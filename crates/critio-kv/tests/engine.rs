@@ -224,6 +224,30 @@ fn background_jobs_complete_while_writes_go_on() {
     e.close().unwrap();
 }
 
+/// A store of `keys` keys of 2000 random bytes (incompressible: a dump
+/// is as large as the data) on a cache of `frames` pages: the stack, the
+/// engine and what each key holds.
+fn random_store(
+    frames: u64,
+    keys: usize,
+    seed: u64,
+) -> (critio::Stack, Engine, HashMap<String, Vec<u8>>) {
+    let stack = stack_on(
+        Arc::new(MemDevice::new(64 * MIB)),
+        frames * 4096,
+        log_config(),
+    );
+    let e = Engine::open(&stack, small_config()).unwrap();
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let mut model = HashMap::new();
+    for i in 0..keys {
+        let v: Vec<u8> = (0..2000).map(|_| rng.gen()).collect();
+        set(&e, &format!("k{i}"), &v);
+        model.insert(format!("k{i}"), v);
+    }
+    (stack, e, model)
+}
+
 /// BGREWRITEAOF writes a copy of every live record through the cache: the
 /// pages it leaves dead (the cleaned log behind the copies) leave the cache
 /// at once, and BGSAVE writes its dump around the cache, so a store that
@@ -233,20 +257,7 @@ fn background_jobs_complete_while_writes_go_on() {
 fn background_rounds_leave_a_store_that_fits_cached_with_frames_to_spare() {
     const FRAMES: u64 = 1024;
     const KEYS: usize = 400;
-    let stack = stack_on(
-        Arc::new(MemDevice::new(64 * MIB)),
-        FRAMES * 4096,
-        log_config(),
-    );
-    let e = Engine::open(&stack, small_config()).unwrap();
-    let mut rng = SmallRng::seed_from_u64(3);
-    // Incompressible values: the dump is as large as the data.
-    let mut model = HashMap::new();
-    for i in 0..KEYS {
-        let v: Vec<u8> = (0..2000).map(|_| rng.gen()).collect();
-        set(&e, &format!("k{i}"), &v);
-        model.insert(format!("k{i}"), v);
-    }
+    let (stack, e, model) = random_store(FRAMES, KEYS, 3);
     let live_pages = (KEYS as u64 * 2048).div_ceil(4096);
     let wait = |e: &Engine| {
         while e.background_running() != (false, false) {
@@ -303,21 +314,8 @@ fn background_rounds_leave_a_store_that_fits_cached_with_frames_to_spare() {
 fn a_bgsave_larger_than_the_free_frames_leaves_a_store_that_fits_cached() {
     const FRAMES: u64 = 4096;
     const KEYS: usize = 4400;
-    let stack = stack_on(
-        Arc::new(MemDevice::new(64 * MIB)),
-        FRAMES * 4096,
-        log_config(),
-    );
-    let e = Engine::open(&stack, small_config()).unwrap();
-    let mut rng = SmallRng::seed_from_u64(4);
-    // Incompressible values: the dump is as large as the data, which
-    // fills a little more than half the cache.
-    let mut model = HashMap::new();
-    for i in 0..KEYS {
-        let v: Vec<u8> = (0..2000).map(|_| rng.gen()).collect();
-        set(&e, &format!("k{i}"), &v);
-        model.insert(format!("k{i}"), v);
-    }
+    // The data fills a little more than half the cache.
+    let (stack, e, model) = random_store(FRAMES, KEYS, 4);
     let free = stack.cache().stats().free_frames as u64;
     let live_pages = (KEYS as u64 * 2048).div_ceil(4096);
     assert!(free < live_pages && free > FRAMES / 3, "free {free}");

@@ -24,12 +24,13 @@ use std::path::Path;
 use std::time::Instant;
 
 use critio_kv::Scheme;
-use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::json;
 
 use super::host;
 use super::kv_background::TestResult;
-use super::peers::{benchmark, info_u64, redis_server_version, BackgroundLoop, Kind, Peer, Rounds};
+use super::peers::{
+    benchmark, info_u64, progress_bar, redis_server_version, BackgroundLoop, Kind, Peer, Rounds,
+};
 use super::report::{Goal, Report, Table, Target};
 use super::BenchArgs;
 
@@ -74,16 +75,6 @@ struct Run {
     misses: Option<u64>,
 }
 
-fn bar(prefix: &str) -> ProgressBar {
-    let pb = ProgressBar::new(1);
-    let style = ProgressStyle::with_template("{prefix:>24} [{bar:30}] {pos}/{len} {msg}")
-        .expect("static template")
-        .progress_chars("=> ");
-    pb.set_style(style);
-    pb.set_prefix(prefix.to_owned());
-    pb
-}
-
 fn cache_misses(peer: &Peer) -> Result<Option<u64>, String> {
     Ok(match peer.kind {
         Kind::Redis => None,
@@ -96,7 +87,7 @@ fn cache_misses(peer: &Peer) -> Result<Option<u64>, String> {
 
 /// Both phases of one server.
 fn run_peer(kind: Kind, size: Size, dir: &Path, args: &BenchArgs) -> Result<Vec<Run>, String> {
-    let pb = bar(&kind.label());
+    let pb = progress_bar(&kind.label());
     let peer = match kind {
         Kind::Redis => Peer::redis(&dir.join("redis"), &args.placement)?,
         Kind::Critio(s) => Peer::critio(

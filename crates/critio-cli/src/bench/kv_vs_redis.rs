@@ -29,13 +29,14 @@ use std::path::Path;
 use std::time::Instant;
 
 use critio_kv::Scheme;
-use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::json;
 
 use super::fio;
 use super::host;
 use super::kv_background::TestResult;
-use super::peers::{benchmark, info_u64, redis_server_version, BackgroundLoop, Kind, Peer, Rounds};
+use super::peers::{
+    benchmark, info_u64, progress_bar, redis_server_version, BackgroundLoop, Kind, Peer, Rounds,
+};
 use super::placement::Placement;
 use super::report::{Goal, Report, Table, Target};
 use super::stalls::{self, probed, Stalls};
@@ -130,16 +131,6 @@ fn critio_config(size: &Size) -> String {
     )
 }
 
-fn bar(prefix: &str) -> ProgressBar {
-    let pb = ProgressBar::new(1);
-    let style = ProgressStyle::with_template("{prefix:>28} [{bar:30}] {pos}/{len} {msg}")
-        .expect("static template")
-        .progress_chars("=> ");
-    pb.set_style(style);
-    pb.set_prefix(prefix.to_owned());
-    pb
-}
-
 fn checkpoints(peer: &Peer) -> u64 {
     peer.info()
         .ok()
@@ -155,7 +146,7 @@ fn run_peer(
     placement: &Placement,
 ) -> Result<Vec<Run>, String> {
     let label = format!("{} {}", size.name, kind.label());
-    let pb = bar(&label);
+    let pb = progress_bar(&label);
     let peer = match kind {
         Kind::Redis => Peer::redis(&dir.join("redis"), placement)?,
         Kind::Critio(s) => Peer::critio(

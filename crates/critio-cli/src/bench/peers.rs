@@ -15,7 +15,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use critio_kv::Scheme;
-use indicatif::ProgressBar;
+use indicatif::{ProgressBar, ProgressStyle};
 use rand::SeedableRng;
 
 use super::kv_background::{parse, TestResult};
@@ -531,6 +531,17 @@ fn wait_idle(con: &mut redis::Connection, busy: &str) -> Result<(), String> {
         }
         std::thread::sleep(JOB_POLL);
     }
+}
+
+/// A progress bar for one server's runs, named `prefix`.
+pub fn progress_bar(prefix: &str) -> ProgressBar {
+    let pb = ProgressBar::new(1);
+    let style = ProgressStyle::with_template("{prefix:>28} [{bar:30}] {pos}/{len} {msg}")
+        .expect("static template")
+        .progress_chars("=> ");
+    pb.set_style(style);
+    pb.set_prefix(prefix.to_owned());
+    pb
 }
 
 /// One redis-benchmark test (`set` or `get`) against `peer`.
