@@ -680,7 +680,7 @@ mod tests {
         fill(&mut f, 0..3);
         let dirty = f.lookup(key(1)).unwrap();
         f.mark_written(dirty, Class::NonCritical, 1);
-        let loading = match f.alloc(key(2 + 7)) {
+        let loading = match f.alloc(key(9)) {
             Alloc::Frame(i) => i,
             _ => panic!("a free frame is left"),
         };
