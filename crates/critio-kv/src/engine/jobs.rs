@@ -57,7 +57,9 @@ const DUMP_INFLIGHT: u64 = 4 * DUMP_CHUNK as u64;
 struct DumpWriter<'a> {
     inner: &'a Inner,
     offset: u64,
-    /// The writes in flight, oldest first, with their bytes.
+    /// The writes in flight, oldest first, with their bytes. A dump that
+    /// fails waits for them as it drops them ([`WriteAround`]'s drop), so
+    /// none lands over the next dump.
     inflight: VecDeque<(u64, WriteAround)>,
     inflight_bytes: u64,
     /// Entries not yet compressed.

@@ -104,17 +104,33 @@ impl ReadThrough {
 }
 
 /// A [`PageCache::start_write_around`] in flight: its device writes.
+/// Dropped unfinished (a caller's error path), it waits for them: a write
+/// left in flight could land after a later write of the same range (a
+/// device orders overlapping writes only once one has completed) and put
+/// older bytes back.
 pub struct WriteAround {
     writes: Vec<crate::block::IoHandle>,
 }
 
 impl WriteAround {
-    /// Waits for the device writes (not for a device flush).
-    pub fn finish(self) -> Result<(), CacheError> {
-        for io in self.writes {
-            io.wait()?;
+    /// Waits for every device write (not for a device flush); returns the
+    /// first error.
+    pub fn finish(mut self) -> Result<(), CacheError> {
+        let mut first = Ok(());
+        for io in std::mem::take(&mut self.writes) {
+            if let Err(e) = io.wait() {
+                first = first.and(Err(e.into()));
+            }
         }
-        Ok(())
+        first
+    }
+}
+
+impl Drop for WriteAround {
+    fn drop(&mut self) {
+        for io in self.writes.drain(..) {
+            let _ = io.wait();
+        }
     }
 }
 
@@ -575,12 +591,13 @@ impl PageCache {
     }
 
     /// Writes `data`, whole pages at `offset` of `file`, straight to the
-    /// device in the caller's class without keeping them, and does not
+    /// device without keeping them, non-critical as writeback is (a
+    /// critical task that waits for them promotes them), and does not
     /// wait: [`WriteAround::finish`] does (then a device flush makes them
-    /// durable). For data written once and not read back soon (a
-    /// snapshot's dump): through the cache, each of its pages would take a
-    /// frame from pages in use, count against its writer's dirty limit and
-    /// be copied twice. A page of the range still cached is written back
+    /// durable; dropping the [`WriteAround`] waits too). For data written
+    /// once and not read back soon (a snapshot's dump): through the cache,
+    /// each of its pages would take a frame from pages in use, count
+    /// against its writer's dirty limit and be copied twice. A page of the range still cached is written back
     /// first if dirty ([`PageCache::flush_file`]'s way, for the whole
     /// file) and dropped, so the cache never holds older bytes than the
     /// device; the caller makes sure no one else reads or writes the range
@@ -622,17 +639,19 @@ impl PageCache {
             std::thread::yield_now();
         }
         let most = crate::block::IO_LEN_MAX as usize / self.inner.page * self.inner.page;
-        let mut writes = Vec::new();
+        // Should a submission fail, the writes already submitted are
+        // waited for (the drop) before the error returns.
+        let mut pending = WriteAround { writes: Vec::new() };
         for (k, chunk) in data.chunks(most.max(self.inner.page)).enumerate() {
             let at = base + offset + (k * most) as u64;
             let io = self
                 .inner
                 .block
                 .write_async(at, AlignedBuf::from_slice(chunk))?;
-            writes.push(io);
+            pending.writes.push(io);
         }
         (self.inner.counters.written_around_pages).fetch_add(len / page, Ordering::Relaxed);
-        Ok(WriteAround { writes })
+        Ok(pending)
     }
 
     /// Pages of `[offset, offset + len)` of `file` (page-aligned) cached
