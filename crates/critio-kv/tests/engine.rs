@@ -338,6 +338,48 @@ fn a_bgsave_larger_than_the_free_frames_leaves_a_store_that_fits_cached() {
     e.close().unwrap();
 }
 
+/// A BGSAVE that fails overwrites the last dump's body: it leaves no dump
+/// (an empty list) rather than the old header over a damaged body (a
+/// checksum error, before each dump erased the header first).
+#[test]
+fn a_failed_bgsave_leaves_no_dump_rather_than_a_damaged_one() {
+    let stack = stack_on(Arc::new(MemDevice::new(64 * MIB)), 16 * MIB, log_config());
+    // A dump file of 6 MiB.
+    let cfg = EngineConfig {
+        dump_pct: 10,
+        ..small_config()
+    };
+    let e = Engine::open(&stack, cfg).unwrap();
+    let mut rng = SmallRng::seed_from_u64(6);
+    let mut fill = |keys: std::ops::Range<usize>| {
+        for i in keys {
+            let v: Vec<u8> = (0..2000).map(|_| rng.gen()).collect();
+            set(&e, &format!("k{i}"), &v);
+        }
+    };
+    let bgsave = |e: &Engine| {
+        e.bgsave().unwrap();
+        while e.background_running() != (false, false) {
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+        e.background_stats()
+    };
+    fill(0..1000);
+    assert!(bgsave(&e).last_error.is_none());
+    assert_eq!(e.read_dump().unwrap().len(), 1000);
+    // About 7 MiB of random bytes: the next dump does not fit.
+    fill(1000..3500);
+    let s = bgsave(&e);
+    assert!(
+        s.last_error
+            .as_deref()
+            .is_some_and(|m| m.contains("too small")),
+        "{s:?}"
+    );
+    assert_eq!(e.read_dump().unwrap().len(), 0, "no dump");
+    e.close().unwrap();
+}
+
 /// Writes acknowledged keys, cuts the power at a seeded moment, restarts,
 /// and checks every acknowledged write.
 fn power_cut_round(seed: u64, device_bytes: u64, writes: std::ops::Range<usize>) {

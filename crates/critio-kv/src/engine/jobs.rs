@@ -215,6 +215,14 @@ impl Inner {
     }
 
     fn write_dump(&self, (from, to): (u64, u64), now: u64) -> Result<DumpSize, EngineError> {
+        // The last dump's header goes first (durably): its body is about
+        // to be overwritten, and a dump that then fails or is cut short
+        // leaves no dump rather than a header over a damaged body.
+        let page = self.layout.page as usize;
+        (self.cache)
+            .start_write_around(self.dump, 0, &vec![0u8; page])?
+            .finish()?;
+        self.cache.block().flush()?;
         let mut w = DumpWriter {
             inner: self,
             offset: self.layout.page,
@@ -257,7 +265,9 @@ impl Inner {
 
 impl Engine {
     /// The entries of the last complete dump (BGSAVE), checked against its
-    /// checksum; an empty list if there is none.
+    /// checksum; an empty list if there is none (none yet, or the last
+    /// BGSAVE failed or was cut short: each starts by erasing the header of
+    /// the dump it overwrites).
     pub fn read_dump(&self) -> Result<Vec<Entry>, EngineError> {
         let inner = &self.inner;
         let page = inner.layout.page as usize;

@@ -597,10 +597,11 @@ impl PageCache {
     /// durable; dropping the [`WriteAround`] waits too). For data written
     /// once and not read back soon (a snapshot's dump): through the cache,
     /// each of its pages would take a frame from pages in use, count
-    /// against its writer's dirty limit and be copied twice. A page of the range still cached is written back
-    /// first if dirty ([`PageCache::flush_file`]'s way, for the whole
-    /// file) and dropped, so the cache never holds older bytes than the
-    /// device; the caller makes sure no one else reads or writes the range
+    /// against its writer's dirty limit and be copied twice. A page of the
+    /// range still cached is written back first if dirty
+    /// ([`PageCache::flush_file`]'s way, for the whole file) and dropped,
+    /// so the cache never holds older bytes than the device; the caller
+    /// makes sure no one else reads or writes the range
     /// until the writes end.
     pub fn start_write_around(
         &self,
