@@ -116,13 +116,14 @@ fn run_peer(kind: Kind, size: Size, dir: &Path, args: &BenchArgs) -> Result<Vec<
         let started = Instant::now();
         let get = benchmark(&peer, "get", size.gets, CLIENTS, size.keys, VALUE_BYTES);
         let seconds = started.elapsed().as_secs_f64();
-        let rounds = match bg {
-            Some(bg) => bg.stop()?,
-            None => Rounds::default(),
-        };
+        // Read as the load ends: stopping the loop waits for its job.
         let misses = match (cache_misses(&peer)?, before) {
             (Some(after), Some(before)) => Some(after - before),
             _ => None,
+        };
+        let rounds = match bg {
+            Some(bg) => bg.stop()?,
+            None => Rounds::default(),
         };
         runs.push(Run {
             kind,
