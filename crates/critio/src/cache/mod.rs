@@ -631,11 +631,7 @@ impl PageCache {
         // Cached pages of the range go first; if one was not clean, the
         // file's dirty pages are written back and the range looked at
         // again (a page being loaded is clean once loaded).
-        loop {
-            self.discard(file, offset, len)?;
-            if self.cached_pages(file, offset, len) == 0 {
-                break;
-            }
+        while self.discard_range(file, offset, offset + len).1 > 0 {
             self.inner.flush_file(file)?;
             std::thread::yield_now();
         }
@@ -653,18 +649,6 @@ impl PageCache {
         }
         (self.inner.counters.written_around_pages).fetch_add(len / page, Ordering::Relaxed);
         Ok(pending)
-    }
-
-    /// Pages of `[offset, offset + len)` of `file` (page-aligned) cached
-    /// now, whatever their state.
-    fn cached_pages(&self, file: FileId, offset: u64, len: u64) -> usize {
-        let page = self.inner.page as u64;
-        (offset / page..(offset + len) / page)
-            .filter(|&p| {
-                let key = PageKey { file, page: p };
-                self.inner.shard(key).lock().frames.lookup(key).is_some()
-            })
-            .count()
     }
 
     /// Drops the clean cached pages that lie wholly within `[offset,
@@ -685,21 +669,32 @@ impl PageCache {
                 size,
             });
         };
+        Ok(self.discard_range(file, offset, end).0)
+    }
+
+    /// [`PageCache::discard`] of `[offset, end)` (within the file): the
+    /// pages dropped, and the pages of the range still cached (not clean).
+    fn discard_range(&self, file: FileId, offset: u64, end: u64) -> (usize, usize) {
         let (page, stripe) = (self.inner.page as u64, self.inner.stripe);
         let (mut at, last) = (offset.div_ceil(page), end / page);
-        let mut dropped = 0;
+        let (mut dropped, mut kept) = (0, 0);
         while at < last {
             // A stripe's pages are in one part: one lock hold each.
             let upto = ((at / stripe + 1) * stripe).min(last);
             let mut core = self.inner.shard(PageKey { file, page: at }).lock();
             for p in at..upto {
-                dropped += usize::from(core.frames.discard(PageKey { file, page: p }));
+                let key = PageKey { file, page: p };
+                if core.frames.discard(key) {
+                    dropped += 1;
+                } else if core.frames.lookup(key).is_some() {
+                    kept += 1;
+                }
             }
             drop(core);
             at = upto;
         }
         (self.inner.counters.discarded).fetch_add(dropped as u64, Ordering::Relaxed);
-        Ok(dropped)
+        (dropped, kept)
     }
 
     /// Drops every clean page (a cold cache, for tests and experiments).
