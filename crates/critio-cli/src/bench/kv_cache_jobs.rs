@@ -88,18 +88,7 @@ fn cache_misses(peer: &Peer) -> Result<Option<u64>, String> {
 /// Both phases of one server.
 fn run_peer(kind: Kind, size: Size, dir: &Path, args: &BenchArgs) -> Result<Vec<Run>, String> {
     let pb = progress_bar(&kind.label());
-    let peer = match kind {
-        Kind::Redis => Peer::redis(&dir.join("redis"), &args.placement)?,
-        Kind::Critio(s) => Peer::critio(
-            &dir.join(format!("critio-{s}")),
-            s,
-            &format!(
-                "[cache]\ncapacity_bytes = {}\n[engine]\ncheckpoint_interval_ms = 1000\n",
-                size.cache_bytes
-            ),
-            &args.placement,
-        )?,
-    };
+    let peer = Peer::start(kind, dir, size.cache_bytes, &args.placement)?;
     pb.set_message("preload (random values)");
     peer.preload_values(size.keys, VALUE_BYTES, true, &pb)?;
     let mut runs = Vec::new();

@@ -124,13 +124,6 @@ impl Run {
     }
 }
 
-fn critio_config(size: &Size) -> String {
-    format!(
-        "[cache]\ncapacity_bytes = {}\n[engine]\ncheckpoint_interval_ms = 1000\n",
-        size.cache_bytes
-    )
-}
-
 fn checkpoints(peer: &Peer) -> u64 {
     peer.info()
         .ok()
@@ -147,15 +140,7 @@ fn run_peer(
 ) -> Result<Vec<Run>, String> {
     let label = format!("{} {}", size.name, kind.label());
     let pb = progress_bar(&label);
-    let peer = match kind {
-        Kind::Redis => Peer::redis(&dir.join("redis"), placement)?,
-        Kind::Critio(s) => Peer::critio(
-            &dir.join(format!("critio-{s}")),
-            s,
-            &critio_config(size),
-            placement,
-        )?,
-    };
+    let peer = Peer::start(kind, dir, size.cache_bytes, placement)?;
     for line in &peer.banner {
         pb.suspend(|| eprintln!("kv-vs-redis: {label}: {line}"));
     }

@@ -224,6 +224,27 @@ impl Peer {
         })
     }
 
+    /// A server of `kind` in `dir/redis` or `dir/critio-SCHEME`; critio-kv
+    /// with a page cache of `cache_bytes` and a checkpoint every second.
+    pub fn start(
+        kind: Kind,
+        dir: &Path,
+        cache_bytes: u64,
+        placement: &Placement,
+    ) -> Result<Peer, String> {
+        match kind {
+            Kind::Redis => Peer::redis(&dir.join("redis"), placement),
+            Kind::Critio(s) => Peer::critio(
+                &dir.join(format!("critio-{s}")),
+                s,
+                &format!(
+                    "[cache]\ncapacity_bytes = {cache_bytes}\n[engine]\ncheckpoint_interval_ms = 1000\n"
+                ),
+                placement,
+            ),
+        }
+    }
+
     /// The server's process id (for a wrapped Redis: the wrapper's).
     pub fn pid(&self) -> u32 {
         self.child.id()
