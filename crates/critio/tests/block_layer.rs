@@ -786,7 +786,10 @@ fn fast_path_requests_are_all_counted() {
     assert_eq!(c.bytes, 3000 * 4096);
     assert_eq!(c.admission_wait.count, 3000);
     assert_eq!(c.queue_wait.count, 3000);
-    assert!(s.counters.fast_sent >= 2900, "{:?}", s.counters);
+    // How many went past the core depends on how the two threads met
+    // (one finding the gate closed by the other's lock takes the locked
+    // path); every one is counted either way.
+    assert!(s.counters.fast_sent > 0, "{:?}", s.counters);
     assert_eq!(s.counters.lane_dispatches[0], 3000);
     let timed = c.device_time.count;
     assert!(
@@ -797,6 +800,22 @@ fn fast_path_requests_are_all_counted() {
         .get()
         .wait_histogram("block: queue", Class::Critical);
     assert_eq!(waits.count(), 3000);
+    // Alone, a reader's requests all go past the core but the first (the
+    // test thread's `stats`, not critical, left the gate closed; the first
+    // read reopens it), folds included: a critical lock holder reopens it.
+    let alone = {
+        let l = l.clone();
+        std::thread::spawn(move || {
+            context::set_foreground();
+            for i in 0..1500u64 {
+                l.read(i % 64 * 4096, 4096).unwrap();
+            }
+        })
+    };
+    alone.join().unwrap();
+    let after = l.stats().counters;
+    assert_eq!(after.fast_sent - s.counters.fast_sent, 1499, "{after:?}");
+    assert_eq!(after.lane_dispatches[0], 4500);
 }
 
 /// The adaptive cap learns of every critical completion, timed or not: on
