@@ -818,6 +818,58 @@ fn fast_path_requests_are_all_counted() {
     assert_eq!(after.lane_dispatches[0], 4500);
 }
 
+/// On a device as fast as memory most fast-path reads and flushes go
+/// untimed, into one tally the core folds in rather than a record each:
+/// every one is still counted exactly, with its bytes and its zero waits,
+/// across several folds and two threads; writes keep their records.
+#[test]
+fn untimed_fast_path_requests_are_all_counted() {
+    let metrics = critio::metrics::MetricsHandle::new_registry();
+    let l = Arc::new(
+        BlockLayer::with_metrics(
+            Arc::new(MemDevice::new(1 << 20)),
+            BlockConfig::default(),
+            metrics.clone(),
+        )
+        .unwrap(),
+    );
+    let threads: Vec<_> = (0..2u64)
+        .map(|t| {
+            let l = l.clone();
+            std::thread::spawn(move || {
+                context::set_foreground();
+                for i in 0..2500u64 {
+                    match i % 50 {
+                        0 => l.flush().unwrap(),
+                        1 => l.write(t * 4096, page(7)).unwrap(),
+                        _ => drop(l.read(i % 64 * 512, 512).unwrap()),
+                    }
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let s = l.stats();
+    let c = s.class(Class::Critical);
+    assert_eq!(c.completions, 5000);
+    // 2 x 2400 reads of 512 bytes, 2 x 50 writes of a page, 100 flushes.
+    assert_eq!(c.bytes, 4800 * 512 + 100 * 4096);
+    assert_eq!(c.admission_wait.count, 5000);
+    assert_eq!(c.queue_wait.count, 5000);
+    assert_eq!(s.counters.lane_dispatches[0], 5000);
+    assert!(
+        c.device_time.count < 1000,
+        "memory: most went untimed ({} timed)",
+        c.device_time.count
+    );
+    let waits = metrics
+        .get()
+        .wait_histogram("block: queue", Class::Critical);
+    assert_eq!(waits.count(), 5000);
+}
+
 /// The adaptive cap learns of every critical completion, timed or not: on
 /// a device as fast as memory the fast path times one request in 16, and a
 /// foreground thread reading every 10 ms is critical traffic all along,

@@ -16,10 +16,12 @@
 //!  request:  enter  (CAS count+1 while open and count < limit) ── else: the locked path
 //!            device (in the caller's thread)
 //!            leave  (CAS count-1 while open in the same epoch)
-//!               ├─ left: push a record of it to the ring (what the core never saw)
+//!               ├─ left: push a record of it to the ring (what the core never saw),
+//!               │        or, untimed and no write, add it to the untimed tally
 //!               └─ the epoch ended: the core adopted it; complete it through the core
 //!  core lock (every holder, first thing): close the gate (epoch + 1, count 0),
-//!            adopt the count still at the device, fold in the ring's records;
+//!            adopt the count still at the device, fold in the ring's records
+//!            and the untimed tally;
 //!            on unlock by a critical thread: reopen with the room the core
 //!            has left, if nothing is queued
 //! ```
@@ -38,6 +40,10 @@
 //! [`FAST_UNTIMED_BELOW`] on average (memory) that is a tenth of the
 //! request, so there one fast-path request in [`FAST_TIME_EVERY`] is timed
 //! and the others are only counted; on any slower device every one is.
+//! An untimed read or flush leaves nothing the core needs one by one (a
+//! count and its bytes; the adaptive cap only learns that critical traffic
+//! is there), so it is added to one atomic tally instead of taking a place
+//! in the ring: one atomic add in place of a push and a pop.
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -68,6 +74,15 @@ const COUNT_MASK: u64 = 0x3FF;
 /// holder folds them all (a few microseconds at most, with the gate
 /// closed); a request that finds the ring full takes the lock to do it.
 const RING: usize = 128;
+
+// The untimed tally's word: bytes (high 44 bits) | requests (low 20). A
+// request that brings it to UNTIMED_FOLD takes the core lock to fold it
+// in, as does every one after it until that is done, so the count passes
+// the fold mark by at most the threads adding at once, far below 2^20,
+// and the bytes by that many times IO_LEN_MAX (2^23), far below 2^44.
+const UNTIMED_COUNT_BITS: u32 = 20;
+const UNTIMED_COUNT_MASK: u64 = (1 << UNTIMED_COUNT_BITS) - 1;
+const UNTIMED_FOLD: u64 = 1024;
 
 fn epoch(w: u64) -> u64 {
     (w >> EPOCH_SHIFT) & EPOCH_MASK
@@ -107,8 +122,12 @@ pub(super) struct FastPath {
     /// only by a request the core adopts), written before the gate opens.
     nc_seq: AtomicU64,
     ring: ArrayQueue<Record>,
-    /// Time one fast-path request in this many (1 or [`FAST_TIME_EVERY`]).
-    time_every: AtomicU32,
+    /// Untimed reads and flushes completed in an epoch, not yet folded in:
+    /// bytes | count (see [`UNTIMED_FOLD`]).
+    untimed: AtomicU64,
+    /// Time one fast-path request in this many plus one (0, or
+    /// [`FAST_TIME_EVERY`] - 1: a power of two less one, a mask).
+    time_mask: AtomicU32,
     /// Mean device time of timed fast-path requests, as f64 bits
     /// ([`NO_MEAN`] before the first); written under the core lock.
     mean: AtomicU64,
@@ -128,7 +147,8 @@ impl FastPath {
             gate: AtomicU64::new(0),
             nc_seq: AtomicU64::new(0),
             ring: ArrayQueue::new(RING),
-            time_every: AtomicU32::new(1),
+            untimed: AtomicU64::new(0),
+            time_mask: AtomicU32::new(0),
             mean: AtomicU64::new(NO_MEAN),
         }
     }
@@ -222,13 +242,33 @@ impl FastPath {
 
     /// Whether the calling thread times its next fast-path request.
     pub(super) fn timed(&self) -> bool {
-        let every = self.time_every.load(Ordering::Relaxed);
-        every <= 1
+        let mask = self.time_mask.load(Ordering::Relaxed);
+        mask == 0
             || TICK.with(|t| {
                 let n = t.get().wrapping_add(1);
                 t.set(n);
-                n % every == 0
+                n & mask == 0
             })
+    }
+
+    /// Adds an untimed read or flush of `len` bytes, left in its epoch, to
+    /// the tally. True if the caller must now take the core lock, which
+    /// folds it in.
+    pub(super) fn add_untimed(&self, len: u64) -> bool {
+        let before = self
+            .untimed
+            .fetch_add((len << UNTIMED_COUNT_BITS) | 1, Ordering::Relaxed);
+        (before & UNTIMED_COUNT_MASK) + 1 >= UNTIMED_FOLD
+    }
+
+    /// Under the core lock: takes the untimed tally, (requests, bytes).
+    pub(super) fn take_untimed(&self) -> (u64, u64) {
+        // Nothing to take, no atomic write.
+        if self.untimed.load(Ordering::Relaxed) == 0 {
+            return (0, 0);
+        }
+        let w = self.untimed.swap(0, Ordering::Relaxed);
+        (w & UNTIMED_COUNT_MASK, w >> UNTIMED_COUNT_BITS)
     }
 
     /// Queues a completed request's record for the core; hands it back if
@@ -253,12 +293,12 @@ impl FastPath {
             }
         };
         self.mean.store(mean.to_bits(), Ordering::Relaxed);
-        let every = if mean < FAST_UNTIMED_BELOW as f64 {
-            FAST_TIME_EVERY
+        let mask = if mean < FAST_UNTIMED_BELOW as f64 {
+            FAST_TIME_EVERY - 1
         } else {
-            1
+            0
         };
-        self.time_every.store(every, Ordering::Relaxed);
+        self.time_mask.store(mask, Ordering::Relaxed);
     }
 }
 
@@ -379,6 +419,24 @@ mod tests {
             f.note_device_time(80_000);
         }
         assert!((0..10).all(|_| f.timed()), "slow again: every one");
+    }
+
+    #[test]
+    fn the_untimed_tally_counts_requests_and_bytes_and_asks_for_a_fold_when_due() {
+        let f = FastPath::new();
+        assert_eq!(f.take_untimed(), (0, 0), "nothing yet");
+        for i in 1..UNTIMED_FOLD {
+            assert!(!f.add_untimed(4096), "not due at {i}");
+        }
+        assert!(f.add_untimed(0), "due at the fold mark (a flush: no bytes)");
+        assert!(f.add_untimed(8 << 20), "and after it, until folded");
+        assert_eq!(
+            f.take_untimed(),
+            (UNTIMED_FOLD + 1, (UNTIMED_FOLD - 1) * 4096 + (8 << 20))
+        );
+        assert_eq!(f.take_untimed(), (0, 0), "taken once");
+        assert!(!f.add_untimed(512));
+        assert_eq!(f.take_untimed(), (1, 512));
     }
 
     /// Threads enter and leave while a "core" closes and reopens the gate

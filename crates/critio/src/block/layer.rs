@@ -43,7 +43,8 @@
 //! case of a foreground read on an idle device. While the core has nothing
 //! queued, such a request takes no core lock either: it goes through the
 //! fast path's gate (`fast.rs`, [`Inner::lock_core`]), two
-//! compare-and-swaps and a record the next lock holder folds in. A request
+//! compare-and-swaps and a record (or, untimed, an atomic add to a tally)
+//! the next lock holder folds in. A request
 //! allocates its shared state (what waiters wait on) only if someone other
 //! than its submitter may complete it, and the device's completion closure
 //! only for a request sent through [`Device::submit`]; a one-request batch
@@ -66,7 +67,9 @@ use super::stats::StatsAcc;
 use super::{BlockConfig, BlockStats, ClassBuckets, ReqId, IO_LEN_MAX};
 use crate::class::Class;
 use crate::context::{self, Blocker, BlockingStatus, InheritKind, TaskRef, WaitScope};
-use crate::device::{validate, AlignedBuf, Command, Completion, Device, DeviceError, IoHint, Op};
+use crate::device::{
+    validate_parts, AlignedBuf, Command, Completion, Device, DeviceError, IoHint, Op,
+};
 use crate::error::ConfigError;
 use crate::metrics::MetricsHandle;
 use crate::shim::thread;
@@ -261,6 +264,10 @@ pub(crate) struct Inner {
     /// caller's thread.
     fast: FastPath,
     fast_on: bool,
+    /// The device's [`Device::submits_here`] and [`Device::flushes_here`],
+    /// asked once.
+    submits_here: bool,
+    flushes_here: bool,
     timer_cv: Condvar,
     next_id: AtomicU64,
     at_device_hook: Mutex<Option<AtDeviceHook>>,
@@ -291,12 +298,14 @@ impl BlockLayer {
     ) -> Result<Self, ConfigError> {
         cfg.validate()?;
         let depth = device.info().queue_depth.max(1);
-        let fast_on = device.submits_here() || device.flushes_here();
+        let (submits_here, flushes_here) = (device.submits_here(), device.flushes_here());
         let inner = Arc::new(Inner {
             device,
             cfg,
             fast: FastPath::new(),
-            fast_on,
+            fast_on: submits_here || flushes_here,
+            submits_here,
+            flushes_here,
             clock: Clock::new(),
             core: Mutex::new(Core {
                 sched: Scheduler::new(cfg.sched(depth)),
@@ -472,7 +481,15 @@ impl Inner {
         sync: bool,
         point: &'static str,
     ) -> Result<IoHandle, BlockError> {
-        match self.start(op, offset, buf, sync, point, true)? {
+        let (class, hint) = self.check(op, offset, buf.len(), sync)?;
+        let cmd = Command {
+            op,
+            offset,
+            buf,
+            class,
+            hint,
+        };
+        match self.start(cmd, point, true) {
             Started::Pending(state) => Ok(IoHandle { state }),
             Started::Done(..) => unreachable!("a request with a handle is finished through it"),
         }
@@ -480,15 +497,85 @@ impl Inner {
 
     /// A synchronous request in the caller's class, waited for: its
     /// outcome, and the buffer (the data, for a read).
+    ///
+    /// One the core would send at once goes past the core altogether
+    /// while the fast path's gate is open. It takes no id (its tag stays
+    /// 0: nothing can promote it), so no shared counter either. Its
+    /// command is built only once it has its place, as the device's
+    /// argument: on a device answering from memory, each move of it
+    /// through another frame showed in the layer's cost.
     fn run(
         self: &Arc<Self>,
         op: Op,
         offset: u64,
         buf: AlignedBuf,
     ) -> Result<AlignedBuf, BlockError> {
-        match self.start(op, offset, buf, true, IO_POINT, false)? {
+        let (class, hint) = self.check(op, offset, buf.len(), true)?;
+        // Done here, no one can promote it, and one the core would send at
+        // once (critical, or classes off).
+        let fast = self.fast_on
+            && self.does_here(op)
+            && (op == Op::Flush || class == Class::Critical || !self.cfg.scheme.inheritance())
+            && (class == Class::Critical || !self.cfg.scheme.classes());
+        if let Some(ticket) = fast.then(|| self.fast.enter()).flatten() {
+            let cmd = Command {
+                op,
+                offset,
+                buf,
+                class,
+                hint,
+            };
+            return match self.do_fast(ticket, IO_POINT, cmd) {
+                Started::Done(result, buf) => result.map(|()| buf),
+                Started::Pending(state) => IoHandle { state }.wait_buf(),
+            };
+        }
+        let cmd = Command {
+            op,
+            offset,
+            buf,
+            class,
+            hint,
+        };
+        match self.start(cmd, IO_POINT, false) {
             Started::Done(result, buf) => result.map(|()| buf),
             Started::Pending(state) => IoHandle { state }.wait_buf(),
+        }
+    }
+
+    /// A request's class (per the scheme: `sync`, the caller will wait for
+    /// it, so it takes the caller's class) and where it comes from, once
+    /// its size and its place on the device are checked.
+    #[inline(always)]
+    fn check(
+        &self,
+        op: Op,
+        offset: u64,
+        len: usize,
+        sync: bool,
+    ) -> Result<(Class, IoHint), BlockError> {
+        let len = len as u64;
+        if len > IO_LEN_MAX {
+            return Err(BlockError::TooLarge {
+                len,
+                max: IO_LEN_MAX,
+            });
+        }
+        validate_parts(self.device.info(), op, offset, len)?;
+        let (class, foreground) = context::current_class_and_foreground();
+        let hint = IoHint {
+            sync,
+            foreground,
+            tag: 0,
+        };
+        Ok((self.cfg.scheme.classify(sync, class), hint))
+    }
+
+    /// Whether the device does `op` in its caller's thread.
+    fn does_here(&self, op: Op) -> bool {
+        match op {
+            Op::Flush => self.flushes_here,
+            Op::Read | Op::Write => self.submits_here,
         }
     }
 
@@ -497,51 +584,17 @@ impl Inner {
     /// the submitter may complete it: a request its submitter dispatches
     /// itself and does in its own thread needs none, and its outcome comes
     /// back as [`Started::Done`].
-    fn start(
-        self: &Arc<Self>,
-        op: Op,
-        offset: u64,
-        buf: AlignedBuf,
-        sync: bool,
-        point: &'static str,
-        handle: bool,
-    ) -> Result<Started, BlockError> {
-        let len = buf.len() as u64;
-        if len > IO_LEN_MAX {
-            return Err(BlockError::TooLarge {
-                len,
-                max: IO_LEN_MAX,
-            });
-        }
-        let class = self.cfg.scheme.classify(sync, context::current_class());
-        let mut cmd = Command {
-            op,
-            offset,
-            buf,
-            class,
-            hint: IoHint {
-                sync,
-                foreground: context::current_is_foreground(),
-                tag: 0,
-            },
-        };
-        validate(self.device.info(), &cmd)?;
+    fn start(self: &Arc<Self>, mut cmd: Command, point: &'static str, handle: bool) -> Started {
+        let (op, offset, len, class, sync) = (
+            cmd.op,
+            cmd.offset,
+            cmd.buf.len() as u64,
+            cmd.class,
+            cmd.hint.sync,
+        );
         // A request its submitter waits for may be done by that thread.
-        let here = sync
-            && match op {
-                Op::Flush => self.device.flushes_here(),
-                Op::Read | Op::Write => self.device.submits_here(),
-            };
+        let here = sync && self.does_here(op);
         let mine_here = here && self.goes_here(&cmd);
-        // One done here that the core would send at once goes past the
-        // core altogether while the fast path's gate is open. It takes no
-        // id (its tag stays 0: nothing can promote it), so no shared
-        // counter either.
-        if mine_here && !handle && (class == Class::Critical || !self.cfg.scheme.classes()) {
-            if let Some(ticket) = self.fast.enter() {
-                return Ok(self.do_fast(ticket, point, cmd));
-            }
-        }
         let id = self.next_id();
         cmd.hint.tag = id;
         let new_state = || IoState::new(id, point, Arc::downgrade(self));
@@ -563,7 +616,7 @@ impl Inner {
             if mine_here && !handle {
                 if let Some(d) = core.sched.submit_direct(&info, now) {
                     drop(core);
-                    return Ok(self.do_direct(d, id, point, cmd));
+                    return self.do_direct(d, id, point, cmd);
                 }
             }
             let payload = Payload {
@@ -599,14 +652,12 @@ impl Inner {
             self.kick();
         } else if alone {
             let (_, cmd) = batch.drain().next().expect("a batch of one");
-            return Ok(self.do_here(id, point, cmd));
+            return self.do_here(id, point, cmd);
         } else if let Some(started) = self.run_dispatch_own(batch, now, here.then_some((id, point)))
         {
-            return Ok(started);
+            return started;
         }
-        Ok(Started::Pending(
-            state.expect("a request someone else completes has its state"),
-        ))
+        Started::Pending(state.expect("a request someone else completes has its state"))
     }
 
     /// A new request's id.
@@ -687,6 +738,7 @@ impl Inner {
     /// ended meanwhile, the core adopted it and it completes through the
     /// core; if the device hands it back, it goes through the device's
     /// completion as an adopted request.
+    #[inline]
     fn do_fast(self: &Arc<Self>, ticket: Ticket, point: &'static str, cmd: Command) -> Started {
         let (op, len) = (cmd.op, cmd.buf.len() as u64);
         let t0 = self.fast.timed().then(|| self.clock.now());
@@ -696,6 +748,13 @@ impl Inner {
                 if !self.fast.leave(&ticket) {
                     let d = Direct::adopted(op, len, t0, &ticket.room);
                     return self.on_complete(Sent::Direct(d, None), c);
+                }
+                if times.is_none() && op != Op::Write {
+                    if self.fast.add_untimed(len) {
+                        // The tally is due: taking the lock folds it in.
+                        drop(self.lock_core());
+                    }
+                    return Started::Done(c.result.map_err(BlockError::from), c.buf);
                 }
                 let record = Record {
                     op,
@@ -736,6 +795,13 @@ impl Inner {
             while let Some(record) = self.fast.pop() {
                 self.fold(&mut core, record, &mut now);
                 folded += 1;
+            }
+            let (n, bytes) = self.fast.take_untimed();
+            if n > 0 {
+                let now = *now.get_or_insert_with(|| self.clock.now());
+                core.sched.complete_fast_untimed(n, now);
+                core.stats.record_fast_untimed(n, bytes);
+                folded += n;
             }
         }
         CoreGuard {

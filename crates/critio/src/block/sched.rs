@@ -291,7 +291,9 @@ impl Direct {
 /// A fast-path request's device times are measured one in this many when
 /// the device answers within [`FAST_UNTIMED_BELOW`] on average (the two
 /// clock reads would be a tenth of such a request).
+/// A power of two.
 pub const FAST_TIME_EVERY: u32 = 16;
+const _: () = assert!(FAST_TIME_EVERY.is_power_of_two());
 /// See [`FAST_TIME_EVERY`]: 2 µs, where two clock reads (about 20 ns on
 /// this project's virtual machine) are 1% of a request.
 pub const FAST_UNTIMED_BELOW: Nanos = 2_000;
@@ -673,6 +675,17 @@ impl<P> Scheduler<P> {
             self.lane_completed(CRIT, done);
         }
         Some(device_time)
+    }
+
+    /// [`Scheduler::complete_fast`] for `n` critical reads and flushes
+    /// the fast path completed untimed, in one: counted, and the adaptive
+    /// cap told that critical traffic was there until `now`.
+    pub fn complete_fast_untimed(&mut self, n: u64, now: Nanos) {
+        self.counters.lane_dispatches[CRIT] += n;
+        self.counters.fast_sent += n;
+        if self.cfg.classes && n > 0 {
+            self.cap.on_critical_untimed(now);
+        }
     }
 
     /// Picks the next request to send to the device, if the limits allow one.

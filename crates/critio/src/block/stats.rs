@@ -102,6 +102,15 @@ impl StatsAcc {
         }
     }
 
+    /// [`StatsAcc::record_fast`] for `n` untimed requests of `bytes` in all.
+    pub(crate) fn record_fast_untimed(&mut self, n: u64, bytes: u64) {
+        let c = &mut self.classes[Class::Critical.index()];
+        c.completions += n;
+        c.bytes += bytes;
+        c.admission_wait.zeros += n;
+        c.queue_wait.zeros += n;
+    }
+
     pub(crate) fn snapshot(
         &mut self,
         counters: SchedCounters,

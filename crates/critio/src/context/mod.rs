@@ -84,6 +84,13 @@ pub fn current_is_foreground() -> bool {
     registry::CURRENT.with(|r| r.0.is_foreground())
 }
 
+/// [`current_class`] and [`current_is_foreground`] together, read at the
+/// same instant: one thread-local access and one atomic load (what the
+/// block layer asks of every request).
+pub fn current_class_and_foreground() -> (Class, bool) {
+    registry::CURRENT.with(|r| r.0.class_and_foreground())
+}
+
 thread_local! {
     static BACKGROUND_LEVEL: std::cell::Cell<u8> = const { std::cell::Cell::new(0) };
 }

@@ -121,6 +121,17 @@ impl Task {
         self.crit.load(Ordering::SeqCst) & (LIFE_BIT | SCOPE_MASK) != 0
     }
 
+    /// [`Task::class`] and [`Task::is_foreground`] from one atomic load.
+    pub fn class_and_foreground(&self) -> (Class, bool) {
+        let crit = self.crit.load(Ordering::SeqCst);
+        let class = if crit != 0 {
+            Class::Critical
+        } else {
+            Class::NonCritical
+        };
+        (class, crit & (LIFE_BIT | SCOPE_MASK) != 0)
+    }
+
     /// How many inheritance sources currently make this task critical.
     pub fn inherited_count(&self) -> u32 {
         (self.crit.load(Ordering::SeqCst) & INHERIT_MASK) as u32

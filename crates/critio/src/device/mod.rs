@@ -310,6 +310,13 @@ pub enum DeviceError {
 /// Checks a command against the device's rules: alignment, range, and an
 /// empty buffer for flushes.
 pub fn validate(info: &DeviceInfo, cmd: &Command) -> Result<(), DeviceError> {
+    validate_parts(info, cmd.op, cmd.offset, cmd.len() as u64)
+}
+
+/// [`validate`] for a command not built yet: its operation, offset and
+/// length.
+#[inline]
+pub fn validate_parts(info: &DeviceInfo, op: Op, offset: u64, len: u64) -> Result<(), DeviceError> {
     let block = u64::from(info.block_size);
     let unaligned = |what, value| DeviceError::Unaligned {
         device: info.name.clone(),
@@ -317,11 +324,10 @@ pub fn validate(info: &DeviceInfo, cmd: &Command) -> Result<(), DeviceError> {
         value,
         block_size: info.block_size,
     };
-    if cmd.op == Op::Flush {
-        assert!(cmd.buf.is_empty(), "a flush carries no data");
+    if op == Op::Flush {
+        assert!(len == 0, "a flush carries no data");
         return Ok(());
     }
-    let len = cmd.len() as u64;
     // Block sizes are powers of two but for odd test devices: a mask, not
     // two divisions, on every request's path.
     let misaligned = |v: u64| {
@@ -331,21 +337,20 @@ pub fn validate(info: &DeviceInfo, cmd: &Command) -> Result<(), DeviceError> {
             v % block != 0
         }
     };
-    if misaligned(cmd.offset) {
-        return Err(unaligned("offset", cmd.offset));
+    if misaligned(offset) {
+        return Err(unaligned("offset", offset));
     }
     if len == 0 || misaligned(len) {
         return Err(unaligned("length", len));
     }
-    if cmd
-        .offset
+    if offset
         .checked_add(len)
         .is_none_or(|end| end > info.capacity)
     {
         return Err(DeviceError::OutOfRange {
             device: info.name.clone(),
-            op: cmd.op,
-            offset: cmd.offset,
+            op,
+            offset,
             len,
             capacity: info.capacity,
         });
