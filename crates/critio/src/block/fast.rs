@@ -31,9 +31,9 @@
 //! computed from stays true until the epoch ends: the slots and device
 //! room the open epoch's requests take are exactly the limit's, and the
 //! non-critical requests beside each are the epoch's. The ring's records
-//! are folded in before any decision the core makes: the adaptive cap sees
-//! every critical sample before it next decides, the stats before they are
-//! read.
+//! and the untimed tally are folded in before any decision the core makes:
+//! the adaptive cap sees every critical sample before it next decides, the
+//! stats before they are read.
 //!
 //! Timing: a request's device time needs two clock reads (about 20 ns on
 //! this project's virtual machine). On a device that answers within

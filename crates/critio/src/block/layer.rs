@@ -225,8 +225,9 @@ enum Sent {
 
 /// How a submission left its submitter.
 enum Started {
-    /// Done by the submitter in its own thread before [`Inner::start`]
-    /// returned, with no state: the outcome and the buffer.
+    /// Done by the submitter in its own thread before [`Inner::start`] (or,
+    /// through the fast path, [`Inner::do_fast`]) returned, with no state:
+    /// the outcome and the buffer.
     Done(Result<(), BlockError>, AlignedBuf),
     /// Outstanding, or finished through its state: wait on that.
     Pending(Arc<IoState>),
