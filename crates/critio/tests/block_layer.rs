@@ -10,7 +10,8 @@ use std::sync::Arc;
 use common::gate::GateDevice;
 use common::{wait_blocked, wait_until};
 use critio::block::{
-    AutoCapConfig, BlockConfig, BlockLayer, BlockScheme, NoncriticalCap, Promotion,
+    AutoCapConfig, BlockConfig, BlockError, BlockLayer, BlockScheme, NoncriticalCap, Promotion,
+    IO_LEN_MAX,
 };
 use critio::context::{self, BlockingStatus, Class, InheritKind};
 use critio::device::mem::MemDevice;
@@ -816,6 +817,30 @@ fn fast_path_requests_are_all_counted() {
     let after = l.stats().counters;
     assert_eq!(after.fast_sent - s.counters.fast_sent, 1499, "{after:?}");
     assert_eq!(after.lane_dispatches[0], 4500);
+}
+
+/// A request longer than the layer's limit is refused with a clear error,
+/// and a read that long is refused before its buffer is allocated (a
+/// terabyte here: allocating it would fail or take the machine's memory).
+#[test]
+fn an_oversized_request_is_refused_before_anything_is_allocated() {
+    let l = BlockLayer::new(Arc::new(MemDevice::new(1 << 20)), BlockConfig::default()).unwrap();
+    context::set_foreground();
+    let e = l.read(0, 1 << 40).unwrap_err();
+    assert!(
+        matches!(e, BlockError::TooLarge { len, max } if len == 1 << 40 && max == IO_LEN_MAX),
+        "{e}"
+    );
+    assert!(e.to_string().contains("split it"), "{e}");
+    let big = AlignedBuf::zeroed(IO_LEN_MAX as usize + 4096);
+    let e = l.write(0, big).unwrap_err();
+    assert!(matches!(e, BlockError::TooLarge { .. }), "{e}");
+    assert_eq!(l.stats().class(Class::Critical).completions, 0);
+    // The largest allowed is only checked against the device.
+    assert!(matches!(
+        l.read(0, IO_LEN_MAX as usize).unwrap_err(),
+        BlockError::Device(_)
+    ));
 }
 
 /// On a device as fast as memory most fast-path reads and flushes go

@@ -249,6 +249,18 @@ fn end_turn(core: &mut Core) {
     IN_TURN.set(false);
 }
 
+/// Refuses a request longer than [`IO_LEN_MAX`].
+fn within_limit(len: usize) -> Result<(), BlockError> {
+    let len = len as u64;
+    if len > IO_LEN_MAX {
+        return Err(BlockError::TooLarge {
+            len,
+            max: IO_LEN_MAX,
+        });
+    }
+    Ok(())
+}
+
 /// Called with the id of a request promoted while at the device.
 pub type AtDeviceHook = Arc<dyn Fn(ReqId) + Send + Sync>;
 
@@ -368,6 +380,9 @@ impl BlockLayer {
 
     /// Reads `len` bytes at `offset` synchronously, in the caller's class.
     pub fn read(&self, offset: u64, len: usize) -> Result<AlignedBuf, BlockError> {
+        // Refused before its buffer is allocated: a length no request may
+        // have is an error, not an allocation of that size.
+        within_limit(len)?;
         let buf = AlignedBuf::zeroed(len);
         self.inner.run(Op::Read, offset, buf)
     }
@@ -555,13 +570,8 @@ impl Inner {
         len: usize,
         sync: bool,
     ) -> Result<(Class, IoHint), BlockError> {
+        within_limit(len)?;
         let len = len as u64;
-        if len > IO_LEN_MAX {
-            return Err(BlockError::TooLarge {
-                len,
-                max: IO_LEN_MAX,
-            });
-        }
         validate_parts(self.device.info(), op, offset, len)?;
         let (class, foreground) = context::current_class_and_foreground();
         let hint = IoHint {
