@@ -233,6 +233,18 @@ enum Started {
     Pending(Arc<IoState>),
 }
 
+impl Started {
+    /// A synchronous request's outcome and buffer, waited for if it is
+    /// still outstanding.
+    #[inline]
+    fn outcome(self) -> Result<AlignedBuf, BlockError> {
+        match self {
+            Started::Done(result, buf) => result.map(|()| buf),
+            Started::Pending(state) => IoHandle { state }.wait_buf(),
+        }
+    }
+}
+
 std::thread_local! {
     /// Whether this thread is in a dispatcher's turn (between taking a
     /// batch and ending the turn under the core lock). One flag for every
@@ -527,36 +539,23 @@ impl Inner {
         buf: AlignedBuf,
     ) -> Result<AlignedBuf, BlockError> {
         let (class, hint) = self.check(op, offset, buf.len(), true)?;
-        // Done here, no one can promote it, and one the core would send at
-        // once (critical, or classes off).
-        let fast = self.fast_on
-            && self.does_here(op)
-            && (op == Op::Flush || class == Class::Critical || !self.cfg.scheme.inheritance())
-            && (class == Class::Critical || !self.cfg.scheme.classes());
-        if let Some(ticket) = fast.then(|| self.fast.enter()).flatten() {
-            let cmd = Command {
-                op,
-                offset,
-                buf,
-                class,
-                hint,
-            };
-            return match self.do_fast(ticket, IO_POINT, cmd) {
-                Started::Done(result, buf) => result.map(|()| buf),
-                Started::Pending(state) => IoHandle { state }.wait_buf(),
-            };
-        }
-        let cmd = Command {
+        let command = |buf| Command {
             op,
             offset,
             buf,
             class,
             hint,
         };
-        match self.start(cmd, IO_POINT, false) {
-            Started::Done(result, buf) => result.map(|()| buf),
-            Started::Pending(state) => IoHandle { state }.wait_buf(),
+        // Done here, no one can promote it, and one the core would send at
+        // once (critical, or classes off).
+        let fast = self.fast_on
+            && self.does_here(op)
+            && self.goes_here(op, class)
+            && (class == Class::Critical || !self.cfg.scheme.classes());
+        if let Some(ticket) = fast.then(|| self.fast.enter()).flatten() {
+            return self.do_fast(ticket, IO_POINT, command(buf)).outcome();
         }
+        self.start(command(buf), IO_POINT, false).outcome()
     }
 
     /// A request's class (per the scheme: `sync`, the caller will wait for
@@ -605,7 +604,7 @@ impl Inner {
         );
         // A request its submitter waits for may be done by that thread.
         let here = sync && self.does_here(op);
-        let mine_here = here && self.goes_here(&cmd);
+        let mine_here = here && self.goes_here(op, class);
         let id = self.next_id();
         cmd.hint.tag = id;
         let new_state = || IoState::new(id, point, Arc::downgrade(self));
@@ -639,7 +638,10 @@ impl Inner {
             let mut mine = false;
             if admitted {
                 self.take_batch(&mut core, now, &mut batch);
-                mine = here && batch.get(id).is_some_and(|cmd| self.goes_here(cmd));
+                mine = here
+                    && batch
+                        .get(id)
+                        .is_some_and(|cmd| self.goes_here(cmd.op, cmd.class));
             }
             // The submitter's own request, alone in its turn and done in
             // its thread: the turn ends here (nothing else was dispatchable
@@ -681,8 +683,8 @@ impl Inner {
     /// more (critical already, or no inheritance), since a thread blocked
     /// inside the device is not in a wait a critical task's chain walk can
     /// find.
-    fn goes_here(&self, cmd: &Command) -> bool {
-        cmd.op == Op::Flush || cmd.class == Class::Critical || !self.cfg.scheme.inheritance()
+    fn goes_here(&self, op: Op, class: Class) -> bool {
+        op == Op::Flush || class == Class::Critical || !self.cfg.scheme.inheritance()
     }
 
     /// Does request `id`, which its submitter dispatched and waits for, in
@@ -952,7 +954,7 @@ impl Inner {
         let mut mine = None;
         while !batch.is_empty() {
             for (id, cmd) in batch.drain() {
-                if own.is_some_and(|(own, _)| own == id) && self.goes_here(&cmd) {
+                if own.is_some_and(|(own, _)| own == id) && self.goes_here(cmd.op, cmd.class) {
                     mine = Some(cmd);
                 } else {
                     self.send(id, cmd);
