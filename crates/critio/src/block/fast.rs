@@ -125,8 +125,8 @@ pub(super) struct FastPath {
     /// Untimed reads and flushes completed in an epoch, not yet folded in:
     /// bytes | count (see [`UNTIMED_FOLD`]).
     untimed: AtomicU64,
-    /// Time one fast-path request in this many plus one (0, or
-    /// [`FAST_TIME_EVERY`] - 1: a power of two less one, a mask).
+    /// One fast-path request in `time_mask + 1` is timed: 0 (every one)
+    /// or [`FAST_TIME_EVERY`] - 1 (a power of two less one, so a mask).
     time_mask: AtomicU32,
     /// Mean device time of timed fast-path requests, as f64 bits
     /// ([`NO_MEAN`] before the first); written under the core lock.
