@@ -103,10 +103,12 @@ pub struct ContextConfig {
     /// mirror is process-wide: a [`crate::Stack`] that turns it on turns it
     /// off when it closes. Default: false.
     pub kernel_mirror: bool,
-    /// The CPU nice value of threads marked background
-    /// ([`crate::context::set_background`]) while they are non-critical;
-    /// they run at nice 0 while they inherit criticality (so a lock holder
-    /// a request waits for is never slowed). 0 turns it off. Default 10:
+    /// How many nice levels threads marked background
+    /// ([`crate::context::set_background`]) run below their own (the
+    /// process's nice, which request threads keep: 10 at nice 0, 15 under
+    /// `nice -n 5`, at most 19) while they are non-critical; they run at
+    /// their own while they inherit criticality (so a lock holder a
+    /// request waits for is never slowed). 0 turns it off. Default 10:
     /// a background thread gets about a tenth of a CPU a request thread
     /// wants, and all of an idle one. Range 0..=19.
     pub background_nice: i32,
@@ -118,7 +120,8 @@ pub struct ContextConfig {
     /// true.
     pub lock_ceiling: bool,
     /// Put background threads, while non-critical, in `SCHED_IDLE` as
-    /// well (they still run at nice 0, `SCHED_OTHER`, while they inherit).
+    /// well (they still run at their own nice, `SCHED_OTHER`, while they
+    /// inherit).
     /// The kernel then counts a CPU running only them as idle when it
     /// places a waking request thread, and preempts them at once; they also
     /// get less of a busy CPU than at nice 19. Needs `background_nice`

@@ -1,6 +1,7 @@
 //! The CPU floor: background threads keep a share of the CPU they want.
 //!
-//! A background thread runs at the background nice (10 by default), or in
+//! A background thread runs the background nice below its own (10 levels
+//! by default), or in
 //! `SCHED_IDLE`, while no request waits for it: on a CPU that request
 //! threads keep busy it then gets a tenth of it, or almost nothing, and a
 //! checkpoint or snapshot that needs the CPU crawls. The I/O side has a
@@ -17,14 +18,14 @@
 //!   wanted < WINDOW / 10 (it mostly slept or did I/O) ─> relief - 1
 //!   run / wanted < min_share                          ─> relief + 1 (at most the background nice)
 //!   run / wanted >= min(1.5 min_share, (1 + min_share) / 2) ─> relief - 1
-//!   nice while non-critical = background nice - relief (SCHED_IDLE only at relief 0)
+//!   nice while non-critical = own + background nice - relief (SCHED_IDLE only at relief 0)
 //! ```
 //!
 //! One nice level is about a 1.25x weight to the kernel, so a starved
-//! thread reaches nice 0 in ten windows and settles where its share is
+//! thread reaches its own nice in ten windows and settles where its share is
 //! between the floor and 1.5 times it; a request thread still gets the CPU
 //! first whenever the background has its share. The floor works per thread and never touches
-//! a critical one (inheritance has it at nice 0 already).
+//! a critical one (inheritance has it at its own nice already).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};

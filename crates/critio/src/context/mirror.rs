@@ -7,8 +7,10 @@
 //!   prioritized too.
 //! - **CPU** (`context.background_nice`, 10 by default): a thread the
 //!   application marks background ([`set_background`]: a checkpointer, a
-//!   snapshot, a cleaner, writeback) runs at that nice value while it is
-//!   non-critical, and at nice 0 while it inherits criticality. On a busy
+//!   snapshot, a cleaner, writeback) runs that many nice levels below its
+//!   own (the nice it had when marked, the process's, which request
+//!   threads keep: under `nice -n 5` 15, else 10) while it is
+//!   non-critical, and at its own while it inherits criticality. On a busy
 //!   machine background work then takes the CPU requests leave idle,
 //!   while a background thread a request waits for (a lock it holds, an
 //!   I/O it submits) runs at full speed: static CPU priorities would leave
@@ -43,7 +45,7 @@
 //!
 //! ```text
 //!   class flip (foreground, inherit, revoke) ──> chain walk ──> ioprio_set(tid, prio of class)
-//!                                                          └──> setpriority(tid, 0 | background_nice)
+//!                                                          └──> setpriority(tid, own | own + background_nice)
 //!   ceiling() ... guard dropped               ──> sched_setscheduler(FIFO 1) ... (OTHER, nice kept)
 //! ```
 
@@ -52,7 +54,7 @@ use std::marker::PhantomData;
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::RwLock;
 
-use super::task::Task;
+use super::task::{Nice, Task};
 use crate::sys::{
     set_thread_ioprio, set_thread_ioprio_or_fallback, set_thread_policy, thread_policy,
     ClassPriorities, IoPriority, SchedPolicy,
@@ -77,7 +79,7 @@ pub fn set_background_idle(on: bool) -> Result<(), String> {
         for task in super::registry::all() {
             let applied = *task.nice().lock();
             if let Some(nice) = applied {
-                let policy = match idles_at(nice) {
+                let policy = match idles_at(nice.offset) {
                     true => SchedPolicy::Idle,
                     false => SchedPolicy::Normal,
                 };
@@ -93,11 +95,12 @@ pub fn background_idle() -> bool {
     BACKGROUND_IDLE.load(Ordering::SeqCst)
 }
 
-/// Sets the nice value of background threads while non-critical (0: off),
-/// after checking that a thread lowered to it can be raised back to 0
-/// (without `CAP_SYS_NICE` or an `RLIMIT_NICE` allowing it, it cannot: then
-/// the CPU mirror stays off and the error says why). Threads already marked
-/// are re-mirrored.
+/// Sets how many nice levels background threads run below their own
+/// (the nice they had when marked background, normally the process's, as
+/// the request threads have) while non-critical (0: off), after checking
+/// that a thread lowered so can be raised back (without `CAP_SYS_NICE` or
+/// an `RLIMIT_NICE` allowing it, it cannot: then the CPU mirror stays off
+/// and the error says why). Threads already marked are re-mirrored.
 pub fn set_background_nice(nice: i32) -> Result<(), String> {
     assert!((0..=19).contains(&nice), "nice {nice} outside 0..=19");
     if nice > 0 {
@@ -106,9 +109,11 @@ pub fn set_background_nice(nice: i32) -> Result<(), String> {
                 rustix::process::Pid::from_raw(rustix::thread::gettid().as_raw_nonzero().get())
                     .expect("a tid is a pid"),
             );
-            rustix::process::setpriority_process(me, nice)
+            let base = rustix::process::getpriority_process(me)
+                .map_err(|e| format!("cannot read a thread's CPU priority: {e}"))?;
+            rustix::process::setpriority_process(me, Nice::value(base, nice))
                 .map_err(|e| format!("cannot lower a thread's CPU priority: {e}"))?;
-            rustix::process::setpriority_process(me, 0).map_err(|e| {
+            rustix::process::setpriority_process(me, base).map_err(|e| {
                 format!(
                     "cannot raise a thread's CPU priority back (needs CAP_SYS_NICE or RLIMIT_NICE >= 20): {e}; \
                      background threads keep the normal CPU priority"
@@ -140,15 +145,18 @@ pub fn set_background() {
     {
         let mut nice = task.nice().lock();
         if nice.is_none() {
-            *nice = Some(0);
+            // The thread's own nice, the one a request thread started the
+            // same way has: critio only ever puts it below that, and back.
+            let base = rustix::process::getpriority_process(None).unwrap_or(0);
+            *nice = Some(Nice { base, offset: 0 });
         }
     }
     mirror_cpu(&task);
 }
 
 /// Applies `task`'s CPU nice for its class now, if it is marked background:
-/// 0 while critical, else the background nice less the CPU floor's relief
-/// (`floor.rs`).
+/// its own nice while critical, else that many levels below it that the
+/// background nice less the CPU floor's relief (`floor.rs`) says.
 pub(super) fn mirror_cpu(task: &Task) {
     let mut applied = task.nice().lock();
     let Some(old) = *applied else { return };
@@ -157,7 +165,7 @@ pub(super) fn mirror_cpu(task: &Task) {
     } else {
         (background_nice() - task.relief().load(Ordering::Relaxed)).max(0)
     };
-    if want == old {
+    if want == old.offset {
         return;
     }
     let pid = rustix::process::Pid::from_raw(task.os_tid());
@@ -173,18 +181,22 @@ pub(super) fn mirror_cpu(task: &Task) {
     if !idle && policy {
         let _ = set_thread_policy(task.os_tid(), SchedPolicy::Normal);
     }
-    if rustix::process::setpriority_process(pid, want).is_ok() {
-        *applied = Some(want);
+    if rustix::process::setpriority_process(pid, Nice::value(old.base, want)).is_ok() {
+        *applied = Some(Nice {
+            offset: want,
+            ..old
+        });
     }
     if idle && policy {
         let _ = set_thread_policy(task.os_tid(), SchedPolicy::Idle);
     }
 }
 
-/// Whether a background thread at nice `nice` belongs in `SCHED_IDLE`: the
-/// idle policy is on and the thread is at the full background nice.
-fn idles_at(nice: i32) -> bool {
-    nice > 0 && nice == background_nice() && background_idle()
+/// Whether a background thread `offset` nice levels below its own belongs
+/// in `SCHED_IDLE`: the idle policy is on and the thread is at the full
+/// background nice.
+fn idles_at(offset: i32) -> bool {
+    offset > 0 && offset == background_nice() && background_idle()
 }
 
 static CEILING: AtomicBool = AtomicBool::new(false);
@@ -273,7 +285,7 @@ impl Drop for CeilingGuard {
                 let _ = set_thread_policy(0, SchedPolicy::Normal);
                 let task = super::current();
                 let applied = *task.nice().lock();
-                if applied.is_some_and(idles_at) {
+                if applied.is_some_and(|n| idles_at(n.offset)) {
                     let _ = set_thread_policy(0, SchedPolicy::Idle);
                 }
             }
@@ -340,6 +352,15 @@ mod tests {
     where
         T: PartialEq + Send + 'static,
     {
+        held_at_then_waited_for(0, seen)
+    }
+
+    /// [`held_then_waited_for`] with the background thread starting at
+    /// nice `own` (as every thread of a server started under `nice` does).
+    fn held_at_then_waited_for<T>(own: i32, seen: fn(i32) -> T) -> (T, T, T)
+    where
+        T: PartialEq + Send + 'static,
+    {
         use crate::sync::Mutex;
         use std::sync::{mpsc, Arc};
         let lock = Arc::new(Mutex::named("t-cpu-mirror", ()));
@@ -348,6 +369,7 @@ mod tests {
         let bg = {
             let lock = lock.clone();
             std::thread::spawn(move || {
+                rustix::process::setpriority_process(None, own).unwrap();
                 set_background();
                 let tid = crate::context::current().os_tid();
                 let guard = lock.lock();
@@ -388,6 +410,28 @@ mod tests {
         assert_eq!(idle, 10, "non-critical: the background nice");
         assert_eq!(boosted, 0, "inheriting: full speed");
         assert_eq!(after, 10, "revoked: background again");
+    }
+
+    /// Under `nice -n 5` request threads run at 5: a background thread
+    /// started there runs at 15 while non-critical and goes back to 5, not
+    /// past the request threads, while it inherits.
+    #[test]
+    fn a_background_threads_nice_is_counted_from_its_own() {
+        let _one = CPU_SETTINGS.lock().unwrap_or_else(|e| e.into_inner());
+        if let Err(why) = set_background_nice(10) {
+            eprintln!("skipped: {why}");
+            return;
+        }
+        let (idle, boosted, after) = held_at_then_waited_for(5, nice_of);
+        set_background_nice(0).unwrap();
+        assert_eq!(idle, 15, "non-critical: ten below its own");
+        assert_eq!(boosted, 5, "inheriting: its own nice, the request threads'");
+        assert_eq!(after, 15, "revoked: background again");
+        // Ten below nice 15 is past the kernel's range: 19.
+        set_background_nice(10).unwrap();
+        let (idle, boosted, _) = held_at_then_waited_for(15, nice_of);
+        set_background_nice(0).unwrap();
+        assert_eq!((idle, boosted), (19, 15));
     }
 
     /// The CPU floor: a background thread sharing one CPU with a busy

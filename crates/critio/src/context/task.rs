@@ -47,15 +47,34 @@ pub struct Task {
     crit: AtomicU64,
     thread: thread::Thread,
     blocking: SideMutex<Option<Blocking>>,
-    /// For a thread marked background: the CPU nice value last applied to
-    /// it (see `mirror.rs`); None for every other thread.
+    /// For a thread marked background: its own nice and what critio last
+    /// added to it (see `mirror.rs`); None for every other thread.
     #[cfg_attr(loom, allow(dead_code))]
-    nice: parking_lot::Mutex<Option<i32>>,
+    nice: parking_lot::Mutex<Option<Nice>>,
     /// For a thread marked background: how many nice levels the CPU floor
     /// takes off the background nice while it is non-critical (see
     /// `floor.rs`).
     #[cfg_attr(loom, allow(dead_code))]
     relief: std::sync::atomic::AtomicI32,
+}
+
+/// A background thread's CPU nice: the one it had when it was marked
+/// background (a request thread's, which it gets back while critical),
+/// and how many levels critio last put it below that.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(loom, allow(dead_code))]
+pub(crate) struct Nice {
+    pub(crate) base: i32,
+    pub(crate) offset: i32,
+}
+
+impl Nice {
+    /// The nice value `offset` levels below `base`, within the kernel's
+    /// range.
+    #[cfg_attr(loom, allow(dead_code))]
+    pub(crate) fn value(base: i32, offset: i32) -> i32 {
+        (base + offset).clamp(-20, 19)
+    }
 }
 
 impl Task {
@@ -76,7 +95,7 @@ impl Task {
 
     /// The CPU nice state of a thread marked background (None: not one).
     #[cfg_attr(loom, allow(dead_code))] // the mirror is not built under loom
-    pub(crate) fn nice(&self) -> &parking_lot::Mutex<Option<i32>> {
+    pub(crate) fn nice(&self) -> &parking_lot::Mutex<Option<Nice>> {
         &self.nice
     }
 
