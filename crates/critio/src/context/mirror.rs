@@ -448,9 +448,9 @@ mod tests {
         use std::time::{Duration, Instant};
 
         let _one = CPU_SETTINGS.lock().unwrap_or_else(|e| e.into_inner());
-        // The request thread keeps the nice it starts with: under `nice -n
-        // 19 cargo test` it would sit below the nice-10 background thread,
-        // which would then never be crowded.
+        // The test measures from nice 0: under `nice -n 19 cargo test` both
+        // threads would start at 19, the background one could go no lower
+        // than the request thread, and it would never be crowded.
         let base = rustix::process::getpriority_process(None).unwrap();
         if base != 0 {
             eprintln!("skipped: the test process runs at nice {base}, not 0");
