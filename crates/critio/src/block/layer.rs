@@ -158,7 +158,7 @@ impl Drop for CoreGuard<'_> {
             // few times, each of which would otherwise close and reopen
             // it. After background work the next critical request goes
             // the locked way once, and reopens it.
-            if self.inner.fast_on && context::current_class() == Class::Critical {
+            if self.inner.fast_on() && context::current_class() == Class::Critical {
                 if let Some(room) = core.sched.fast_room() {
                     self.inner.fast.open(&room);
                 }
@@ -288,7 +288,6 @@ pub(crate) struct Inner {
     /// (see `fast.rs`); used only on a device that does requests in its
     /// caller's thread.
     fast: FastPath,
-    fast_on: bool,
     /// The device's [`Device::submits_here`] and [`Device::flushes_here`],
     /// asked once.
     submits_here: bool,
@@ -328,7 +327,6 @@ impl BlockLayer {
             device,
             cfg,
             fast: FastPath::new(),
-            fast_on: submits_here || flushes_here,
             submits_here,
             flushes_here,
             clock: Clock::new(),
@@ -548,8 +546,7 @@ impl Inner {
         };
         // Done here, no one can promote it, and one the core would send at
         // once (critical, or classes off).
-        let fast = self.fast_on
-            && self.does_here(op)
+        let fast = self.does_here(op)
             && self.goes_here(op, class)
             && (class == Class::Critical || !self.cfg.scheme.classes());
         if let Some(ticket) = fast.then(|| self.fast.enter()).flatten() {
@@ -579,6 +576,12 @@ impl Inner {
             tag: 0,
         };
         Ok((self.cfg.scheme.classify(sync, class), hint))
+    }
+
+    /// Whether the fast path is used: the device does some requests in
+    /// their caller's thread.
+    fn fast_on(&self) -> bool {
+        self.submits_here || self.flushes_here
     }
 
     /// Whether the device does `op` in its caller's thread.
@@ -801,7 +804,7 @@ impl Inner {
     fn lock_core(&self) -> CoreGuard<'_> {
         let mut core = self.core.lock();
         let mut folded = 0;
-        if self.fast_on {
+        if self.fast_on() {
             let adopted = self.fast.close();
             core.sched.adopt_fast(adopted);
             let mut now = None;
