@@ -344,6 +344,21 @@ mod tests {
     /// time.
     static CPU_SETTINGS: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
+    /// For a test that reads nice values: the CPU settings held, from nice
+    /// 0, with the background nice at 10; None (having said why) if that
+    /// cannot be.
+    fn at_background_nice_10() -> Option<std::sync::MutexGuard<'static, ()>> {
+        let one = CPU_SETTINGS.lock().unwrap_or_else(|e| e.into_inner());
+        if !at_nice_zero() {
+            return None;
+        }
+        if let Err(why) = set_background_nice(10) {
+            eprintln!("skipped: {why}");
+            return None;
+        }
+        Some(one)
+    }
+
     /// Whether the test runs at nice 0, as the tests that read nice values
     /// expect (not, say, under `nice -n 19 cargo test`); says so if not.
     fn at_nice_zero() -> bool {
@@ -413,14 +428,9 @@ mod tests {
 
     #[test]
     fn a_background_thread_runs_at_full_speed_while_a_request_waits_for_it() {
-        let _one = CPU_SETTINGS.lock().unwrap_or_else(|e| e.into_inner());
-        if !at_nice_zero() {
+        let Some(_one) = at_background_nice_10() else {
             return;
-        }
-        if let Err(why) = set_background_nice(10) {
-            eprintln!("skipped: {why}");
-            return;
-        }
+        };
         let (idle, boosted, after) = held_then_waited_for(nice_of);
         set_background_nice(0).unwrap();
         assert_eq!(idle, 10, "non-critical: the background nice");
@@ -433,14 +443,9 @@ mod tests {
     /// past the request threads, while it inherits.
     #[test]
     fn a_background_threads_nice_is_counted_from_its_own() {
-        let _one = CPU_SETTINGS.lock().unwrap_or_else(|e| e.into_inner());
-        if !at_nice_zero() {
+        let Some(_one) = at_background_nice_10() else {
             return;
-        }
-        if let Err(why) = set_background_nice(10) {
-            eprintln!("skipped: {why}");
-            return;
-        }
+        };
         let (idle, boosted, after) = held_at_then_waited_for(Some(5), nice_of);
         set_background_nice(0).unwrap();
         assert_eq!(idle, 15, "non-critical: ten below its own");
