@@ -551,21 +551,19 @@ impl Frames {
 
     /// Drops `key`'s page if it is cached and clean: its frame goes to
     /// the free list. A page that is dirty, under writeback or loading
-    /// stays. True if it was dropped.
-    pub(crate) fn discard(&mut self, key: PageKey) -> bool {
-        let Some(i) = self.lookup(key) else {
-            return false;
-        };
+    /// stays. None if the page is not cached, else whether it was dropped.
+    pub(crate) fn discard(&mut self, key: PageKey) -> Option<bool> {
+        let i = self.lookup(key)?;
         let f = &mut self.frames[i];
         if !matches!(f.state, State::Clean) {
-            return false;
+            return Some(false);
         }
         f.key = None;
         f.state = State::Free;
         f.referenced = false;
         self.map.remove(&key);
         self.lists.move_back(ListId::Free, i);
-        true
+        Some(true)
     }
 
     /// Drops every clean page (tests; a cold cache).
@@ -686,10 +684,10 @@ mod tests {
         };
         f.begin_load(loading, pending());
         assert_eq!(f.free_frames(), 0);
-        assert!(f.discard(key(0)), "a clean page is dropped");
-        assert!(!f.discard(key(1)), "a dirty page stays");
-        assert!(!f.discard(key(9)), "a loading page stays");
-        assert!(!f.discard(key(5)), "nothing to drop");
+        assert_eq!(f.discard(key(0)), Some(true), "a clean page is dropped");
+        assert_eq!(f.discard(key(1)), Some(false), "a dirty page stays");
+        assert_eq!(f.discard(key(9)), Some(false), "a loading page stays");
+        assert_eq!(f.discard(key(5)), None, "nothing to drop");
         assert_eq!(f.lookup(key(0)), None);
         assert_eq!(f.free_frames(), 1);
         // The next page takes the freed frame, not another clean page.

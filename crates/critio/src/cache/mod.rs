@@ -635,11 +635,14 @@ impl PageCache {
             self.inner.flush_file(file)?;
             std::thread::yield_now();
         }
+        // Pages are at most 64 KiB (the config checks), so a write of the
+        // most whole pages the block layer takes holds at least one.
         let most = crate::block::IO_LEN_MAX as usize / self.inner.page * self.inner.page;
+        debug_assert!(most >= self.inner.page);
         // Should a submission fail, the writes already submitted are
         // waited for (the drop) before the error returns.
         let mut pending = WriteAround { writes: Vec::new() };
-        for (k, chunk) in data.chunks(most.max(self.inner.page)).enumerate() {
+        for (k, chunk) in data.chunks(most).enumerate() {
             let at = base + offset + (k * most) as u64;
             let io = self
                 .inner
@@ -684,10 +687,10 @@ impl PageCache {
             let mut core = self.inner.shard(PageKey { file, page: at }).lock();
             for p in at..upto {
                 let key = PageKey { file, page: p };
-                if core.frames.discard(key) {
-                    dropped += 1;
-                } else if core.frames.lookup(key).is_some() {
-                    kept += 1;
+                match core.frames.discard(key) {
+                    Some(true) => dropped += 1,
+                    Some(false) => kept += 1,
+                    None => {}
                 }
             }
             drop(core);
