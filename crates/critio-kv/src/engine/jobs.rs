@@ -176,8 +176,7 @@ impl DumpWriter<'_> {
         while !self.inflight.is_empty() {
             self.wait_oldest()?;
         }
-        let cache = &self.inner.cache;
-        cache.block().flush()?;
+        self.inner.cache.block().flush()?;
         let mut head = Vec::with_capacity(self.inner.layout.page as usize);
         head.extend_from_slice(DUMP_MAGIC);
         head.extend_from_slice(&DUMP_VERSION.to_le_bytes());
@@ -185,10 +184,7 @@ impl DumpWriter<'_> {
         head.extend_from_slice(&self.size.stored.to_le_bytes());
         head.extend_from_slice(&self.crc.to_le_bytes());
         head.resize(self.inner.layout.page as usize, 0);
-        cache
-            .start_write_around(self.inner.dump, 0, &head)?
-            .finish()?;
-        cache.block().flush()?;
+        self.inner.write_dump_header(&head)?;
         Ok(self.size)
     }
 }
@@ -214,15 +210,21 @@ impl Inner {
         Ok(())
     }
 
+    /// Writes the dump's header page (or zeroes over it) around the cache,
+    /// durably.
+    fn write_dump_header(&self, page: &[u8]) -> Result<(), EngineError> {
+        (self.cache)
+            .start_write_around(self.dump, 0, page)?
+            .finish()?;
+        self.cache.block().flush()?;
+        Ok(())
+    }
+
     fn write_dump(&self, (from, to): (u64, u64), now: u64) -> Result<DumpSize, EngineError> {
         // The last dump's header goes first (durably): its body is about
         // to be overwritten, and a dump that then fails or is cut short
         // leaves no dump rather than a header over a damaged body.
-        let page = self.layout.page as usize;
-        (self.cache)
-            .start_write_around(self.dump, 0, &vec![0u8; page])?
-            .finish()?;
-        self.cache.block().flush()?;
+        self.write_dump_header(&vec![0u8; self.layout.page as usize])?;
         let mut w = DumpWriter {
             inner: self,
             offset: self.layout.page,
