@@ -58,8 +58,9 @@ pub struct ServeArgs {
     #[arg(long, value_enum, default_value = "sim")]
     device: DeviceKind,
     /// The device size of a new store (8GiB, 512MiB, bytes); an existing
-    /// image keeps its size. Default: 1GiB simulated, 8GiB for a file (a
-    /// sparse file: it takes disk space as it is written).
+    /// image keeps its size. Default: 1GiB simulated, 8GiB for a file
+    /// (reserved in full when created, so its file system must have that
+    /// much free: no write then waits for the file system to allocate).
     #[arg(long, value_name = "SIZE")]
     capacity: Option<String>,
     /// The scheme: none, kernel-idle, static, sync-first, rcp.

@@ -176,9 +176,10 @@ pub struct DeviceInfo {
     /// internal queue depth); the block layer never dispatches more.
     pub queue_depth: u32,
     /// A block's first write allocates it (a regular file on a file
-    /// system): that write, and the next flush, cost the file system's
-    /// metadata (a journal commit). Regions written over and over (a log)
-    /// are worth writing once when they are created.
+    /// system), or converts it from reserved-but-unwritten (a file whose
+    /// blocks were reserved when opened): that write, and the next flush,
+    /// cost the file system's metadata (a journal commit). Regions written
+    /// over and over (a log) are worth writing once when they are created.
     pub allocates_on_first_write: bool,
 }
 
