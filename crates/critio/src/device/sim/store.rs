@@ -48,6 +48,12 @@ impl Store {
             StoreKind::File(path) => open_file(path, capacity)
                 .map(Store::File)
                 .map_err(|source| match source.kind() {
+                    io::ErrorKind::WouldBlock => DeviceOpenError::Io {
+                        device: device.to_owned(),
+                        path: path.clone(),
+                        what: crate::device::uring::file::in_use(path),
+                        source,
+                    },
                     io::ErrorKind::NotFound => DeviceOpenError::NotFound {
                         device: device.to_owned(),
                         path: path.clone(),
@@ -131,6 +137,7 @@ fn open_file(path: &Path, capacity: u64) -> io::Result<File> {
         .create(true)
         .truncate(false)
         .open(path)?;
+    crate::device::uring::file::lock_image(&f)?;
     if f.metadata()?.len() < capacity {
         f.set_len(capacity)?;
     }
@@ -140,6 +147,18 @@ fn open_file(path: &Path, capacity: u64) -> io::Result<File> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_backing_file_in_use_is_refused() {
+        let path = std::env::temp_dir().join(format!("critio-sim-lock-{}", std::process::id()));
+        let kind = StoreKind::File(path.clone());
+        let first = Store::open(&kind, 1 << 20, "sim").unwrap();
+        let e = Store::open(&kind, 1 << 20, "sim").map(drop).expect_err("refused");
+        assert!(e.to_string().contains("in use"), "{e}");
+        drop(first);
+        Store::open(&kind, 1 << 20, "sim").expect("free once closed");
+        let _ = std::fs::remove_file(&path);
+    }
 
     #[test]
     fn memory_is_sparse_and_spans_chunks() {

@@ -12,6 +12,7 @@
 //! | neither a file nor a block device   | `Unsupported`   | the same, with the path                      |
 //! | permission denied, read-only, ...   | `Io`            | who cannot open what read-write              |
 //! | new file larger than the free space | `Io`            | bytes needed and free; a smaller size        |
+//! | another device has the file open   | `Io`            | in use; stop the other one first             |
 //!
 //! Space: a regular file's blocks are reserved when it is opened
 //! ([`reserve`]): a new file's in full (it is refused, and not left
@@ -127,6 +128,7 @@ impl FileSpec<'_> {
             Err(e) if e.kind() == io::ErrorKind::NotFound => (self.create(e)?, true),
             Err(e) => return Err(self.open_error(e)),
         };
+        lock_image(&file).map_err(|e| self.io_error(in_use(self.path), e))?;
         let (capacity, block_size) = self.measure(&file)?;
         let regular_file = file.metadata().is_ok_and(|m| m.is_file());
         if regular_file && !created && capacity > 0 {
@@ -275,6 +277,29 @@ impl FileSpec<'_> {
             )),
         }
     }
+}
+
+/// Takes an exclusive advisory lock (`flock`) on an image for as long as
+/// `file`, or a duplicate of it, stays open: a second device opened on
+/// the same image (a second server started on the same data directory)
+/// is refused instead of writing over the first one's store. `Err`
+/// (`WouldBlock`) only when another open file holds the lock; a file
+/// system without locks refuses nothing.
+pub(crate) fn lock_image(file: &File) -> io::Result<()> {
+    use rustix::fs::{flock, FlockOperation};
+    match flock(file, FlockOperation::NonBlockingLockExclusive) {
+        Err(e) if e == rustix::io::Errno::WOULDBLOCK => Err(e.into()),
+        _ => Ok(()),
+    }
+}
+
+/// What [`lock_image`]'s refusal means, and what to do.
+pub(crate) fn in_use(path: &Path) -> String {
+    format!(
+        "{} is in use by another open device (another critio serve on the same data \
+         directory?); stop that one first",
+        path.display()
+    )
 }
 
 /// Reserves the blocks of a regular file's first `len` bytes
@@ -496,5 +521,25 @@ mod tests {
         assert!(text.contains(&size.to_string()), "{text}");
         assert!(text.contains("smaller size"), "{text}");
         assert!(!t.0.exists(), "the half-made file is removed");
+    }
+
+    #[test]
+    fn a_second_open_of_the_same_image_is_refused_until_the_first_closes() {
+        let t = Temp::new("locked");
+        let first = t.spec(Some(MIB)).open().unwrap();
+        let e = t.spec(None).open().unwrap_err();
+        assert!(matches!(&e, DeviceOpenError::Io { .. }), "{e:?}");
+        let text = e.to_string();
+        assert!(text.contains("in use"), "{text}");
+        assert!(text.contains(&t.0.display().to_string()), "{text}");
+        // A duplicate of the first's descriptor (the caller-thread file)
+        // shares its lock and keeps it.
+        let dup = first.file.try_clone().unwrap();
+        drop(first);
+        assert!(t.spec(None).open().is_err(), "the duplicate still holds it");
+        drop(dup);
+        t.spec(None)
+            .open()
+            .expect("free once every descriptor is closed");
     }
 }

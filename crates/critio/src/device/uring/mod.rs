@@ -50,7 +50,7 @@
 //! filesystems critio targets, so 4096 is always safe (a block device with
 //! a larger logical block size gets that instead).
 
-mod file;
+pub(crate) mod file;
 mod here;
 mod reaper;
 mod ring;
