@@ -59,8 +59,9 @@ pub struct ServeArgs {
     device: DeviceKind,
     /// The device size of a new store (8GiB, 512MiB, bytes); an existing
     /// image keeps its size. Default: 1GiB simulated, 8GiB for a file
-    /// (reserved in full when created, so its file system must have that
-    /// much free: no write then waits for the file system to allocate).
+    /// (reserved and written with zeros once when created, so its file
+    /// system must have that much free, and no write later waits for the
+    /// file system to allocate a block).
     #[arg(long, value_name = "SIZE")]
     capacity: Option<String>,
     /// The scheme: none, kernel-idle, static, sync-first, rcp.
@@ -291,7 +292,15 @@ fn open_store(args: &ServeArgs, file: FileConfig) -> Result<(Stack, StackConfig,
         cfg.device,
         cfg.scheme
     );
+    let started = std::time::Instant::now();
     let stack = Stack::open(&cfg).map_err(|e| format!("cannot open the store: {e}"))?;
+    if !reopen && args.device != DeviceKind::Sim {
+        println!(
+            "critio-kv: created in {:.1} s (a new image is written once with zeros, so that no \
+             later write waits for the file system to allocate its blocks)",
+            started.elapsed().as_secs_f64()
+        );
+    }
     for note in stack.io.notes() {
         println!("critio-kv: note: {note}");
     }

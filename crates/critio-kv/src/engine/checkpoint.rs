@@ -217,10 +217,35 @@ fn load_superblock(
     Ok(best)
 }
 
+/// A new store on a device that allocates blocks on their first write (a
+/// file) has its dump file and value log written with zeros once, as the
+/// log does its ring: a value log is written over lap after lap, and a
+/// file's block written for the first time (a hole, or one reserved but
+/// still unwritten) changes the file's metadata, which the next
+/// `fdatasync` of every commit then writes too, behind the background
+/// writes (on this project's machine, a commit's p99.9 under a 160 MiB/s
+/// writer was 1.0 ms into reserved blocks, 0.6 ms into written ones).
+/// Only when both the superblocks and the log were blank: nothing of a
+/// store is there to lose.
+fn write_regions_once(
+    block: &critio::block::BlockLayer,
+    layout: &Layout,
+) -> Result<(), EngineError> {
+    if !block.device().info().allocates_on_first_write {
+        return Ok(());
+    }
+    let start = layout.dump.0;
+    let end = layout.data.0 + layout.data.1 * layout.page;
+    block.write_zeros(start, end - start)?;
+    block.flush()?;
+    Ok(())
+}
+
 impl Engine {
     /// Opens (or creates) the store on `stack`: lays out the device
     /// (superblocks, log, dump file, value log; each region checked by the
-    /// stack), reads the newest checkpoint, rebuilds the index from the
+    /// stack; a new store on a file has its regions written once with
+    /// zeros), reads the newest checkpoint, rebuilds the index from the
     /// value log, replays the WAL after it, takes a checkpoint, and starts
     /// the checkpointer. The stack's `[log]` section gives the WAL's
     /// limits; its region is the engine's layout.
@@ -255,6 +280,9 @@ impl Engine {
             ..log_base
         };
         let (log, recovery) = stack.open_log_with(&log_cfg)?;
+        if sb.is_none() && recovery.formatted {
+            write_regions_once(stack.block(), &layout)?;
+        }
         let opts = |name| stack.sync_options(name);
         let range = sb.map_or((0, 0), |s| (s.tail, s.head));
         let vlog = Vlog::new(

@@ -402,6 +402,24 @@ impl BlockLayer {
         self.inner.run(Op::Write, offset, buf).map(drop)
     }
 
+    /// Writes zeros over `len` bytes at `offset` synchronously, in the
+    /// caller's class, in writes of up to 4 MiB; does not flush. For a
+    /// region a device allocates on its first write
+    /// ([`DeviceInfo::allocates_on_first_write`](crate::device::DeviceInfo)),
+    /// written once when it is created so that no later write of it pays
+    /// for the allocation. Stops at the first error.
+    pub fn write_zeros(&self, offset: u64, len: u64) -> Result<(), BlockError> {
+        const CHUNK: u64 = 4 << 20;
+        let chunk = CHUNK.min(IO_LEN_MAX);
+        let mut at = offset;
+        while at < offset + len {
+            let n = chunk.min(offset + len - at);
+            self.write(at, AlignedBuf::zeroed(n as usize))?;
+            at += n;
+        }
+        Ok(())
+    }
+
     /// Writes asynchronously (non-critical until awaited by a critical task).
     pub fn write_async(&self, offset: u64, buf: AlignedBuf) -> Result<IoHandle, BlockError> {
         self.submit(Op::Write, offset, buf, false, IO_POINT)

@@ -350,17 +350,10 @@ fn reopen(
 
 /// Writes zeros over the ring, in large writes, and flushes.
 fn preallocate(block: &BlockLayer, geo: Geometry) -> Result<(), LogError> {
-    const CHUNK: u64 = 4 << 20;
     let start = geo.region_offset + geo.block;
-    let end = start + geo.data_len;
-    let mut at = start;
-    while at < end {
-        let len = CHUNK.min(end - at);
-        block
-            .write(at, AlignedBuf::zeroed(len as usize))
-            .map_err(|source| io_error(format!("preallocating the log at offset {at}"), source))?;
-        at += len;
-    }
+    block
+        .write_zeros(start, geo.data_len)
+        .map_err(|source| io_error(format!("preallocating the log from offset {start}"), source))?;
     block
         .flush()
         .map_err(|source| io_error("flushing the preallocated log".into(), source))
