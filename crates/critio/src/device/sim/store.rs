@@ -153,7 +153,9 @@ mod tests {
         let path = std::env::temp_dir().join(format!("critio-sim-lock-{}", std::process::id()));
         let kind = StoreKind::File(path.clone());
         let first = Store::open(&kind, 1 << 20, "sim").unwrap();
-        let e = Store::open(&kind, 1 << 20, "sim").map(drop).expect_err("refused");
+        let e = Store::open(&kind, 1 << 20, "sim")
+            .map(drop)
+            .expect_err("refused");
         assert!(e.to_string().contains("in use"), "{e}");
         drop(first);
         Store::open(&kind, 1 << 20, "sim").expect("free once closed");
