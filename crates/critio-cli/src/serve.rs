@@ -201,8 +201,11 @@ fn describe_settings(
     );
     let nice = match effective.context.background_nice {
         0 => "off".to_owned(),
-        n if effective.context.background_idle => format!("{n} and SCHED_IDLE"),
-        n => n.to_string(),
+        // Counted from each background thread's own nice (the server's).
+        n if effective.context.background_idle => {
+            format!("+{n} over the server's own and SCHED_IDLE")
+        }
+        n => format!("+{n} over the server's own"),
     };
     let nice_from = source(
         effective.context.background_nice != f.critio.context.background_nice,
@@ -402,7 +405,7 @@ mod tests {
             "{line}"
         );
         assert!(
-            line.contains("background CPU nice 10 (real-device default)"),
+            line.contains("background CPU nice +10 over the server's own (real-device default)"),
             "{line}"
         );
         assert!(
@@ -410,7 +413,10 @@ mod tests {
             "{line}"
         );
         let line = describe_settings(&sim, &sim, DeviceKind::Sim, Scheme::Rcp);
-        assert!(line.contains("background CPU nice 10 (default)"), "{line}");
+        assert!(
+            line.contains("background CPU nice +10 over the server's own (default)"),
+            "{line}"
+        );
         let line = describe_settings(&file, &file, DeviceKind::File, Scheme::None);
         assert!(
             !line.contains("CPU floor"),

@@ -9,7 +9,7 @@
 //! ```toml
 //! [context]
 //! kernel_mirror = false    # mirror each thread's class into ioprio_set
-//! background_nice = 10     # CPU nice of background threads while non-critical
+//! background_nice = 10     # nice levels a background thread runs below its own while non-critical
 //! lock_ceiling = true      # background sections holding request locks run real-time
 //! background_idle = false  # background threads also SCHED_IDLE while non-critical
 //! background_cpu_min_share = 0.5  # CPU floor: background keeps this share of the CPU it wants
