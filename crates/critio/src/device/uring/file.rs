@@ -12,14 +12,19 @@
 //! | neither a file nor a block device   | `Unsupported`   | the same, with the path                      |
 //! | permission denied, read-only, ...   | `Io`            | who cannot open what read-write              |
 //! | new file larger than the free space | `Io`            | bytes needed and free; a smaller size        |
-//! | another device has the file open   | `Io`            | in use; stop the other one first             |
+//! | another open holds the image        | `Io`            | in use; close the other one first            |
 //!
 //! Space: a regular file's blocks are reserved when it is opened
-//! ([`reserve`]): a new file's in full (it is refused, and not left
-//! behind, if its file system has less free space), an existing one's
-//! holes best effort (if that fails it works as before, its blocks
+//! ([`reserve`]): a new (or empty) file's in full, refused up front, and
+//! not left behind, if its file system has less free space; an existing
+//! one's holes best effort (if that fails it works as before, its blocks
 //! allocated as they are first written). Without `fallocate` (some file
-//! systems), a new file is sparse.
+//! systems) a new file is sparse, and its size is not checked against the
+//! free space.
+//!
+//! Exclusive: a regular file is locked ([`lock_image`]) from its creation
+//! or opening until its last descriptor closes; a block device is opened
+//! with O_EXCL. A second open of either is refused as in use.
 //!
 //! Block size: 4096 with O_DIRECT, which every common filesystem and disk
 //! accepts (the logical block size is 512 or 4096; a block device reporting
@@ -112,30 +117,69 @@ impl FileSpec<'_> {
         }
     }
 
-    fn options(&self) -> OpenOptions {
+    /// Read-write, O_DIRECT if asked; a block device also O_EXCL, the
+    /// kernel's own claim (refused while it is mounted or claimed), in
+    /// place of [`lock_image`]: udev takes a shared `flock` on a whole
+    /// disk for a moment after a writer closes it, which would refuse a
+    /// quick reopen.
+    fn options(&self, block_device: bool) -> OpenOptions {
         let mut o = OpenOptions::new();
         o.read(true).write(true);
+        let mut flags = 0;
         if self.direct {
-            o.custom_flags(libc::O_DIRECT);
+            flags |= libc::O_DIRECT;
         }
+        if block_device {
+            flags |= libc::O_EXCL;
+        }
+        o.custom_flags(flags);
         o
     }
 
     /// Opens (or creates) and probes the file.
     pub(crate) fn open(&self) -> Result<OpenFile, DeviceOpenError> {
-        let (file, created) = match self.options().open(self.path) {
+        let block_device =
+            std::fs::metadata(self.path).is_ok_and(|m| m.file_type().is_block_device());
+        let in_use = |e| self.io_error(in_use(self.path), e);
+        let (file, created) = match self.options(block_device).open(self.path) {
             Ok(f) => (f, false),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => (self.create(e)?, true),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => match self.create(e)? {
+                Some(f) => (f, true),
+                // Another opener created it meanwhile: open theirs (and
+                // meet its lock).
+                None => (
+                    self.options(false)
+                        .open(self.path)
+                        .map_err(|e| self.open_error(e))?,
+                    false,
+                ),
+            },
+            Err(e) if block_device && e.raw_os_error() == Some(libc::EBUSY) => {
+                return Err(in_use(e))
+            }
             Err(e) => return Err(self.open_error(e)),
         };
-        lock_image(&file).map_err(|e| self.io_error(in_use(self.path), e))?;
-        let (capacity, block_size) = self.measure(&file)?;
-        let regular_file = file.metadata().is_ok_and(|m| m.is_file());
-        if regular_file && !created && capacity > 0 {
-            // Best effort: an existing file keeps working as it did if
-            // its holes cannot be reserved (no space, no fallocate).
-            let _ = reserve(&file, capacity);
+        if !created && !block_device {
+            lock_image(&file).map_err(in_use)?;
         }
+        let regular_file = file.metadata().is_ok_and(|m| m.is_file());
+        if regular_file && !created {
+            match (file.metadata().map(|m| m.len()), self.create_size) {
+                // Empty: a creation that stopped before sizing it (or an
+                // empty file given): sized as a new one.
+                (Ok(0), Some(size)) => {
+                    self.check_create_size(size)?;
+                    self.size_new(&file, size)?;
+                }
+                // Best effort: an existing file keeps working as it did
+                // if its holes cannot be reserved (no space, no fallocate).
+                (Ok(len), _) if len > 0 => {
+                    let _ = reserve(&file, len);
+                }
+                _ => {}
+            }
+        }
+        let (capacity, block_size) = self.measure(&file)?;
         if self.direct {
             self.probe_direct(&file, capacity)?;
         }
@@ -147,15 +191,7 @@ impl FileSpec<'_> {
         })
     }
 
-    /// Creates the file, which `open` found missing (`missing`).
-    fn create(&self, missing: io::Error) -> Result<File, DeviceOpenError> {
-        let path = self.path.display();
-        let Some(size) = self.create_size else {
-            return Err(self.not_found(
-                "create it or pass a size (create_size) to create it",
-                missing,
-            ));
-        };
+    fn check_create_size(&self, size: u64) -> Result<(), DeviceOpenError> {
         let block = u64::from(self.base_block_size());
         if size == 0 || size % block != 0 {
             return Err(DeviceOpenError::InvalidOption {
@@ -164,48 +200,77 @@ impl FileSpec<'_> {
                 why: format!("{size} must be a positive multiple of the block size {block}"),
             });
         }
-        let file = self
-            .options()
-            .create_new(true)
-            .open(self.path)
-            .map_err(|e| match e.kind() {
-                io::ErrorKind::NotFound => self.not_found(
+        Ok(())
+    }
+
+    /// Creates the file, which `open` found missing (`missing`), locked
+    /// and sized; `None` if another opener created it first.
+    fn create(&self, missing: io::Error) -> Result<Option<File>, DeviceOpenError> {
+        let Some(size) = self.create_size else {
+            return Err(self.not_found(
+                "create it or pass a size (create_size) to create it",
+                missing,
+            ));
+        };
+        self.check_create_size(size)?;
+        let file =
+            match self.options(false).create_new(true).open(self.path) {
+                Ok(f) => f,
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => return Ok(None),
+                Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(self.not_found(
                     "cannot create it: its directory does not exist; create the directory first",
                     e,
-                ),
-                _ => self.open_error(e),
-            })?;
-        let sized = match self.free_bytes() {
-            Some(free) if free < size => Err(self.io_error(
+                )),
+                Err(e) => return Err(self.open_error(e)),
+            };
+        // Locked before anything else: another opener from now on meets
+        // the lock, and the file is removed below only while this call
+        // holds it.
+        lock_image(&file).map_err(|e| self.io_error(in_use(self.path), e))?;
+        if let Err(e) = self.size_new(&file, size) {
+            let _ = std::fs::remove_file(self.path);
+            return Err(e);
+        }
+        Ok(Some(file))
+    }
+
+    /// Sizes a new, empty file to `size` bytes: reserved in full, and
+    /// refused up front if its file system has less free space; sparse
+    /// where the file system has no `fallocate` (the free space is not
+    /// checked then: a sparse file takes it as it is written).
+    fn size_new(&self, file: &File, size: u64) -> Result<(), DeviceOpenError> {
+        let path = self.path.display();
+        let block = u64::from(self.base_block_size());
+        match reserve(file, block) {
+            Err(e) if fallocate_unsupported(&e) => {
+                return file.set_len(size).map_err(|e| {
+                    self.io_error(
+                        format!("cannot size {path} to {size} bytes: {e}; check free space"),
+                        e,
+                    )
+                })
+            }
+            // The probe's block is the file's own now.
+            _ => {}
+        }
+        if let Some(free) = self.free_bytes().map(|f| f + block).filter(|&f| f < size) {
+            return Err(self.io_error(
                 format!(
                     "not enough free space for {path}: it needs {size} bytes and its file \
                      system has {free} free; free some space or give a smaller size"
                 ),
                 io::Error::from_raw_os_error(libc::ENOSPC),
-            )),
-            _ => match reserve(&file, size) {
-                Ok(()) => Ok(()),
-                Err(e) if fallocate_unsupported(&e) => file.set_len(size).map_err(|e| {
-                    self.io_error(
-                        format!("cannot size {path} to {size} bytes: {e}; check free space"),
-                        e,
-                    )
-                }),
-                Err(e) => Err(self.io_error(
-                    format!(
-                        "cannot reserve {size} bytes for {path}: {e}; free some space or \
-                         give a smaller size"
-                    ),
-                    e,
-                )),
-            },
-        };
-        if let Err(e) = sized {
-            // The file is this call's own (create_new), and half made.
-            let _ = std::fs::remove_file(self.path);
-            return Err(e);
+            ));
         }
-        Ok(file)
+        reserve(file, size).map_err(|e| {
+            self.io_error(
+                format!(
+                    "cannot reserve {size} bytes for {path}: {e}; free some space or give a \
+                     smaller size"
+                ),
+                e,
+            )
+        })
     }
 
     /// Bytes free to an unprivileged user on the file system that will
@@ -296,8 +361,8 @@ pub(crate) fn lock_image(file: &File) -> io::Result<()> {
 /// What [`lock_image`]'s refusal means, and what to do.
 pub(crate) fn in_use(path: &Path) -> String {
     format!(
-        "{} is in use by another open device (another critio serve on the same data \
-         directory?); stop that one first",
+        "{} is in use: another open of it holds its lock, in this process or another (another \
+         critio serve on the same data directory?); close that one first",
         path.display()
     )
 }
@@ -541,5 +606,43 @@ mod tests {
         t.spec(None)
             .open()
             .expect("free once every descriptor is closed");
+    }
+
+    #[test]
+    fn an_empty_file_is_sized_as_a_new_one() {
+        if !can_reserve() {
+            return;
+        }
+        let t = Temp::new("empty");
+        File::create(&t.0).unwrap();
+        let f = t.spec(Some(2 * MIB)).open().unwrap();
+        assert_eq!(f.capacity, 2 * MIB);
+        assert!(
+            t.allocated() >= 2 * MIB,
+            "{} bytes allocated",
+            t.allocated()
+        );
+    }
+
+    /// A block device is claimed with O_EXCL, so a second open is refused
+    /// as in use. Needs a block device that may be written:
+    /// `CRITIO_TEST_BLOCK_DEVICE=/dev/loopN` (`losetup -f --show FILE`).
+    #[test]
+    fn a_block_device_in_use_is_refused() {
+        let Some(dev) = std::env::var_os("CRITIO_TEST_BLOCK_DEVICE") else {
+            eprintln!("skipped: set CRITIO_TEST_BLOCK_DEVICE to a block device to test");
+            return;
+        };
+        let path = std::path::PathBuf::from(dev);
+        let s = FileSpec {
+            direct: false,
+            ..spec(&path)
+        };
+        let first = s.open().unwrap();
+        assert!(!first.regular_file);
+        let e = s.open().unwrap_err();
+        assert!(e.to_string().contains("in use"), "{e}");
+        drop(first);
+        s.open().expect("free once closed");
     }
 }
