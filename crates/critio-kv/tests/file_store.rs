@@ -1,8 +1,9 @@
-//! A store on a real file (the pool backend: pread/pwrite, O_DIRECT, in
-//! the build's temporary directory, which is on disk): what only a file
-//! system brings. A new store's regions are written once, so no later
-//! write meets a block the file system has not written; a second store
-//! opened on the same image is refused while the first has it.
+//! A store on a real file (the pool backend: pread/pwrite through the
+//! page cache, in the build's temporary directory, which is on disk):
+//! what only a file system brings. A new store's regions are written
+//! once, so no later write meets a block the file system has not written;
+//! a second store opened on the same image is refused while the first has
+//! it.
 
 use std::path::PathBuf;
 

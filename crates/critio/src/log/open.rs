@@ -351,9 +351,15 @@ fn reopen(
 /// Writes zeros over the ring, in large writes, and flushes.
 fn preallocate(block: &BlockLayer, geo: Geometry) -> Result<(), LogError> {
     let start = geo.region_offset + geo.block;
-    block
-        .write_zeros(start, geo.data_len)
-        .map_err(|source| io_error(format!("preallocating the log from offset {start}"), source))?;
+    block.write_zeros(start, geo.data_len).map_err(|source| {
+        io_error(
+            format!(
+                "preallocating the log's ring ({} bytes from offset {start})",
+                geo.data_len
+            ),
+            source,
+        )
+    })?;
     block
         .flush()
         .map_err(|source| io_error("flushing the preallocated log".into(), source))
