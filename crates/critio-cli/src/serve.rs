@@ -296,7 +296,17 @@ fn open_store(args: &ServeArgs, file: FileConfig) -> Result<(Stack, StackConfig,
         cfg.scheme
     );
     let started = std::time::Instant::now();
-    let stack = Stack::open(&cfg).map_err(|e| format!("cannot open the store: {e}"))?;
+    let stack = Stack::open(&cfg).map_err(|e| match (reopen, args.device) {
+        (false, DeviceKind::File | DeviceKind::Pool) => format!(
+            "cannot open the store: {e} ({})",
+            if args.capacity.is_some() {
+                "--capacity gave the new image's size"
+            } else {
+                "a new image is 8GiB unless --capacity says otherwise"
+            }
+        ),
+        _ => format!("cannot open the store: {e}"),
+    })?;
     if !reopen && args.device != DeviceKind::Sim {
         println!(
             "critio-kv: created in {:.1} s (a new image is written once with zeros, so that no \
