@@ -16,10 +16,9 @@
 //! `SEED=n` runs one seed; a failure prints `reproduce with SEED=n`.
 
 use std::collections::{BTreeMap, HashMap};
-use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -27,6 +26,9 @@ use std::time::{Duration, Instant};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use redis::Connection;
+
+mod common;
+use common::Proc;
 
 const WRITERS: u64 = 4;
 const KEYS_PER_WRITER: u64 = 120;
@@ -64,54 +66,25 @@ struct Expect {
 
 type Model = HashMap<String, Expect>;
 
-/// The server process; killed when dropped.
-struct Proc {
-    child: Child,
-    addr: SocketAddr,
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 fn start(dir: &Path) -> Proc {
     let config = dir.join("crash.toml");
     std::fs::write(&config, CONFIG).unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_critio"))
-        .args([
-            "serve",
-            "--bind",
-            "127.0.0.1:0",
-            "--device",
-            "sim",
-            "--capacity",
-            "64MiB",
-        ])
-        .arg("--data")
-        .arg(dir.join("data"))
-        .arg("--config")
-        .arg(&config)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("run critio serve");
-    let out = child.stdout.take().unwrap();
-    let mut lines = BufReader::new(out).lines();
-    let addr = loop {
-        let line = lines
-            .next()
-            .expect("critio serve exited before listening")
-            .unwrap();
-        if let Some(rest) = line.split("listening on ").nth(1) {
-            break rest.split_whitespace().next().unwrap().parse().unwrap();
-        }
-    };
-    // Keep draining stdout so the server never blocks on a full pipe.
-    std::thread::spawn(move || for _ in lines {});
-    Proc { child, addr }
+    common::listening(
+        Command::new(env!("CARGO_BIN_EXE_critio"))
+            .args([
+                "serve",
+                "--bind",
+                "127.0.0.1:0",
+                "--device",
+                "sim",
+                "--capacity",
+                "64MiB",
+            ])
+            .arg("--data")
+            .arg(dir.join("data"))
+            .arg("--config")
+            .arg(&config),
+    )
 }
 
 fn connect(addr: SocketAddr) -> Connection {

@@ -4,24 +4,13 @@
 //! while the first goes on serving. The pool backend (pread/pwrite through
 //! the page cache), so that any temporary directory will do.
 
-use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
-/// A server process; killed when dropped.
-struct Proc {
-    child: Child,
-    addr: SocketAddr,
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
+mod common;
+use common::Proc;
 
 fn serve(data: &Path, capacity: &str) -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_critio"));
@@ -33,23 +22,7 @@ fn serve(data: &Path, capacity: &str) -> Command {
 }
 
 fn start(data: &Path) -> Proc {
-    let mut child = serve(data, "256MiB")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("run critio serve");
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let addr = loop {
-        let line = lines
-            .next()
-            .expect("critio serve exited before listening")
-            .unwrap();
-        if let Some(rest) = line.split("listening on ").nth(1) {
-            break rest.split_whitespace().next().unwrap().parse().unwrap();
-        }
-    };
-    std::thread::spawn(move || for _ in lines {});
-    Proc { child, addr }
+    common::listening(&mut serve(data, "256MiB"))
 }
 
 fn connect(addr: SocketAddr) -> redis::Connection {
