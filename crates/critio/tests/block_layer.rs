@@ -767,17 +767,17 @@ fn fast_path_requests_are_all_counted() {
     let l = Arc::new(
         BlockLayer::with_metrics(dev.clone(), BlockConfig::default(), metrics.clone()).unwrap(),
     );
-    let readers: Vec<_> = (0..2)
-        .map(|_| {
-            let l = l.clone();
-            std::thread::spawn(move || {
-                context::set_foreground();
-                for i in 0..1500u64 {
-                    l.read(i % 64 * 4096, 4096).unwrap();
-                }
-            })
+    // A foreground thread reading 1500 pages.
+    let reader = || {
+        let l = l.clone();
+        std::thread::spawn(move || {
+            context::set_foreground();
+            for i in 0..1500u64 {
+                l.read(i % 64 * 4096, 4096).unwrap();
+            }
         })
-        .collect();
+    };
+    let readers: Vec<_> = (0..2).map(|_| reader()).collect();
     for r in readers {
         r.join().unwrap();
     }
@@ -804,16 +804,7 @@ fn fast_path_requests_are_all_counted() {
     // Alone, a reader's requests all go past the core but the first (the
     // test thread's `stats`, not critical, left the gate closed; the first
     // read reopens it), folds included: a critical lock holder reopens it.
-    let alone = {
-        let l = l.clone();
-        std::thread::spawn(move || {
-            context::set_foreground();
-            for i in 0..1500u64 {
-                l.read(i % 64 * 4096, 4096).unwrap();
-            }
-        })
-    };
-    alone.join().unwrap();
+    reader().join().unwrap();
     let after = l.stats().counters;
     assert_eq!(after.fast_sent - s.counters.fast_sent, 1499, "{after:?}");
     assert_eq!(after.lane_dispatches[0], 4500);
