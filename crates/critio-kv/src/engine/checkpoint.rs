@@ -232,9 +232,6 @@ fn write_regions_once(
     block: &critio::block::BlockLayer,
     layout: &Layout,
 ) -> Result<(), EngineError> {
-    if !block.device().info().allocates_on_first_write {
-        return Ok(());
-    }
     let start = layout.dump.0;
     let end = layout.data.0 + layout.data.1 * layout.page;
     block.write_zeros(start, end - start)?;
@@ -289,7 +286,10 @@ impl Engine {
             region_bytes: layout.log.1,
             ..log_base
         };
-        if sb.is_none() && log_is_blank(stack.block(), &layout)? {
+        if sb.is_none()
+            && stack.block().device().info().allocates_on_first_write
+            && log_is_blank(stack.block(), &layout)?
+        {
             write_regions_once(stack.block(), &layout)?;
         }
         let (log, recovery) = stack.open_log_with(&log_cfg)?;
