@@ -85,6 +85,11 @@ impl FileSpec<'_> {
         }
     }
 
+    /// The error for an image another open holds ([`in_use`]).
+    fn in_use(&self, source: io::Error) -> DeviceOpenError {
+        self.io_error(in_use(self.path), source)
+    }
+
     fn not_found(&self, remedy: &'static str, source: io::Error) -> DeviceOpenError {
         DeviceOpenError::NotFound {
             device: self.device.to_owned(),
@@ -140,7 +145,6 @@ impl FileSpec<'_> {
     pub(crate) fn open(&self) -> Result<OpenFile, DeviceOpenError> {
         let block_device =
             std::fs::metadata(self.path).is_ok_and(|m| m.file_type().is_block_device());
-        let in_use = |e| self.io_error(in_use(self.path), e);
         let (file, created) = match self.options(block_device).open(self.path) {
             Ok(f) => (f, false),
             Err(e) if e.kind() == io::ErrorKind::NotFound => match self.create(e)? {
@@ -155,25 +159,30 @@ impl FileSpec<'_> {
                 ),
             },
             Err(e) if block_device && e.raw_os_error() == Some(libc::EBUSY) => {
-                return Err(in_use(e))
+                return Err(self.in_use(e))
             }
             Err(e) => return Err(self.open_error(e)),
         };
         if !created && !block_device {
-            lock_image(&file).map_err(in_use)?;
+            lock_image(&file).map_err(|e| self.in_use(e))?;
         }
-        let regular_file = file.metadata().is_ok_and(|m| m.is_file());
-        if regular_file && !created {
-            match (file.metadata().map(|m| m.len()), self.create_size) {
+        let len = file
+            .metadata()
+            .ok()
+            .filter(|m| m.is_file())
+            .map(|m| m.len());
+        let regular_file = len.is_some();
+        if !created {
+            match (len, self.create_size) {
                 // Empty: a creation that stopped before sizing it (or an
                 // empty file given): sized as a new one.
-                (Ok(0), Some(size)) => {
+                (Some(0), Some(size)) => {
                     self.check_create_size(size)?;
                     self.size_new(&file, size)?;
                 }
                 // Best effort: an existing file keeps working as it did
                 // if its holes cannot be reserved (no space, no fallocate).
-                (Ok(len), _) if len > 0 => {
+                (Some(len), _) if len > 0 => {
                     let _ = reserve(&file, len);
                 }
                 _ => {}
@@ -226,7 +235,7 @@ impl FileSpec<'_> {
         // Locked before anything else: another opener from now on meets
         // the lock, and the file is removed below only while this call
         // holds it.
-        lock_image(&file).map_err(|e| self.io_error(in_use(self.path), e))?;
+        lock_image(&file).map_err(|e| self.in_use(e))?;
         if let Err(e) = self.size_new(&file, size) {
             let _ = std::fs::remove_file(self.path);
             return Err(e);
