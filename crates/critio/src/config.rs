@@ -27,6 +27,7 @@
 //! anticipation_us = 0      # paper 004: hold lower lanes after a lane's last completion
 //! anticipation_think_time = true   # only for a lane whose mean think time fits the window
 //! tokens = []              # paper 004 batch budgets: [critical, level 0, level 1, ...]
+//! noncritical_request_max_bytes = 0  # cut background bulk requests to this (0: off; serve on a file: 131072)
 //!
 //! [cache]
 //! capacity_bytes = 67108864

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use common::gate::GateDevice;
 use common::{wait_blocked, wait_until};
-use critio::block::{BlockConfig, BlockLayer};
+use critio::block::{BlockConfig, BlockLayer, BlockScheme};
 use critio::cache::{CacheConfig, PageCache};
 use critio::config::SyncConfig;
 use critio::context::{self, BlockingStatus, Class};
@@ -612,6 +612,85 @@ fn a_write_around_the_cache_reaches_the_device_and_leaves_no_older_page_cached()
     assert!(e.to_string().contains("not whole pages"), "{e}");
     let e = cache.start_write_around(f, MIB, &page(1)).err().unwrap();
     assert!(e.to_string().contains("outside file"), "{e}");
+}
+
+/// A memory device that records each read's and write's length and class.
+struct Sizes {
+    mem: MemDevice,
+    seen: parking_lot::Mutex<Vec<(Op, usize, Class)>>,
+}
+
+impl Device for Sizes {
+    fn info(&self) -> &critio::device::DeviceInfo {
+        self.mem.info()
+    }
+    fn submit(&self, cmd: critio::device::Command, done: critio::device::Completer) {
+        if cmd.op != Op::Flush {
+            self.seen.lock().push((cmd.op, cmd.buf.len(), cmd.class));
+        }
+        self.mem.submit(cmd, done);
+    }
+}
+
+#[test]
+fn a_background_bulk_transfer_goes_to_the_device_in_short_requests_and_a_critical_one_does_not() {
+    const CUT: usize = 16 << 10;
+    for scheme in [BlockScheme::Rcp, BlockScheme::None] {
+        let dev = Arc::new(Sizes {
+            mem: MemDevice::new(8 * MIB),
+            seen: Default::default(),
+        });
+        let cfg = BlockConfig {
+            scheme,
+            noncritical_request_max_bytes: CUT as u64,
+            ..BlockConfig::default()
+        };
+        let block = Arc::new(BlockLayer::new(dev.clone(), cfg).unwrap());
+        let cache = PageCache::new(block, CacheConfig::default(), &SyncConfig::default()).unwrap();
+        let f = cache.add_file("f", 0, MIB).unwrap();
+        let data: Vec<u8> = (0..64 << 10).map(|i| (i / PAGE) as u8).collect();
+        // This thread is a background one: a snapshot's dump, then its scan.
+        cache
+            .start_write_around(f, 0, &data)
+            .unwrap()
+            .finish()
+            .unwrap();
+        let mut out = vec![0u8; data.len()];
+        cache.read_through(f, 0, &mut out).unwrap();
+        assert!(out == data, "{scheme:?}: the pieces make up the whole");
+        let background = std::mem::take(&mut *dev.seen.lock());
+        // A request thread's read of the same range.
+        out.fill(0);
+        {
+            let _fg = context::foreground();
+            cache.read_through(f, 0, &mut out).unwrap();
+        }
+        assert!(out == data);
+        let critical = std::mem::take(&mut *dev.seen.lock());
+        let lens = |op| {
+            background
+                .iter()
+                .filter(|s| s.0 == op)
+                .map(|s| s.1)
+                .collect::<Vec<_>>()
+        };
+        if scheme == BlockScheme::Rcp {
+            assert_eq!(lens(Op::Write), [CUT; 4], "the dump's writes, cut");
+            assert_eq!(lens(Op::Read), [CUT; 4], "the scan's reads, cut");
+        } else {
+            assert_eq!(lens(Op::Write), [data.len()], "none: not cut");
+            assert_eq!(lens(Op::Read), [data.len()], "none: not cut");
+        }
+        assert!(
+            background.iter().all(|s| s.2 == Class::NonCritical),
+            "{background:?}"
+        );
+        assert_eq!(
+            critical,
+            [(Op::Read, data.len(), Class::Critical)],
+            "{scheme:?}: a request's read is one request"
+        );
+    }
 }
 
 #[derive(Clone, Debug)]

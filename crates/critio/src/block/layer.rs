@@ -420,6 +420,19 @@ impl BlockLayer {
         Ok(())
     }
 
+    /// The longest request the calling thread should submit for a bulk
+    /// transfer it cuts into requests: `sync`, it will wait for them (so
+    /// they take its class), or not (non-critical). See
+    /// [`BlockConfig::noncritical_request_max_bytes`].
+    pub fn request_len_max(&self, sync: bool) -> u64 {
+        let class = self
+            .inner
+            .cfg
+            .scheme
+            .classify(sync, context::current_class());
+        self.inner.cfg.request_len_max(class)
+    }
+
     /// Writes asynchronously (non-critical until awaited by a critical task).
     pub fn write_async(&self, offset: u64, buf: AlignedBuf) -> Result<IoHandle, BlockError> {
         self.submit(Op::Write, offset, buf, false, IO_POINT)

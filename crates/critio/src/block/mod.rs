@@ -132,6 +132,18 @@ pub struct BlockConfig {
     /// `[]` (off: strict priority, the starvation timer guarantees
     /// progress).
     pub tokens: LaneTokens,
+    /// The longest request a bulk transfer (the page cache's read-through
+    /// and write-around: a snapshot's scan, its dump) submits while it is
+    /// non-critical, in bytes; 0 = up to the device's largest command
+    /// ([`IO_LEN_MAX`]). A device works on a command it has begun and
+    /// cannot preempt it, so a critical command sent behind a background
+    /// one of a megabyte waits for all of it: on a virtual disk a
+    /// commit's tail next to 1 MiB background reads was 45x its tail next
+    /// to 128 KiB ones at the same throughput (`critio bench` on a file,
+    /// docs/RESULTS.md). Used only with classes (not `none`). Default 0
+    /// (the simulated drives of the papers); `critio serve` on a real
+    /// device: 128 KiB. Range 0, or 4096..=[`IO_LEN_MAX`].
+    pub noncritical_request_max_bytes: u64,
 }
 
 impl Default for BlockConfig {
@@ -145,6 +157,7 @@ impl Default for BlockConfig {
             anticipation_us: 0,
             anticipation_think_time: true,
             tokens: LaneTokens::default(),
+            noncritical_request_max_bytes: 0,
         }
     }
 }
@@ -180,6 +193,14 @@ impl BlockConfig {
                 "block.anticipation_us",
                 self.anticipation_us,
                 "must be within 0..=100000 µs",
+            ));
+        }
+        let cut = self.noncritical_request_max_bytes;
+        if cut != 0 && !(4096..=IO_LEN_MAX).contains(&cut) {
+            return Err(invalid(
+                "block.noncritical_request_max_bytes",
+                cut,
+                &format!("must be 0 (no limit) or within 4096..={IO_LEN_MAX} bytes"),
             ));
         }
         if let NoncriticalCap::Auto(a) = self.noncritical_cap {
@@ -224,6 +245,17 @@ impl BlockConfig {
                 LaneTokens::default()
             },
             device_depth,
+        }
+    }
+
+    /// The longest request a bulk transfer of class `class` submits (see
+    /// [`BlockConfig::noncritical_request_max_bytes`]).
+    pub fn request_len_max(&self, class: Class) -> u64 {
+        let cut = self.noncritical_request_max_bytes;
+        if class == Class::Critical || !self.scheme.classes() || cut == 0 {
+            IO_LEN_MAX
+        } else {
+            cut.min(IO_LEN_MAX)
         }
     }
 
@@ -281,5 +313,34 @@ mod tests {
         assert_eq!(parse_cap("3"), Ok(NoncriticalCap::Fixed(3)));
         assert!(matches!(parse_cap("auto"), Ok(NoncriticalCap::Auto(_))));
         assert!(parse_cap("x").unwrap_err().contains("auto"));
+        for cut in [1, 4095, IO_LEN_MAX + 1] {
+            let bad = BlockConfig {
+                noncritical_request_max_bytes: cut,
+                ..BlockConfig::default()
+            };
+            let e = bad.validate().unwrap_err().to_string();
+            assert!(e.contains("block.noncritical_request_max_bytes"), "{e}");
+        }
+    }
+
+    #[test]
+    fn only_non_critical_requests_are_cut_and_only_with_classes() {
+        let cut = BlockConfig {
+            noncritical_request_max_bytes: 128 << 10,
+            ..BlockConfig::default()
+        };
+        cut.validate().unwrap();
+        assert_eq!(cut.request_len_max(Class::NonCritical), 128 << 10);
+        assert_eq!(cut.request_len_max(Class::Critical), IO_LEN_MAX);
+        let none = BlockConfig {
+            scheme: BlockScheme::None,
+            ..cut
+        };
+        assert_eq!(none.request_len_max(Class::NonCritical), IO_LEN_MAX);
+        assert_eq!(
+            BlockConfig::default().request_len_max(Class::NonCritical),
+            IO_LEN_MAX,
+            "off by default"
+        );
     }
 }

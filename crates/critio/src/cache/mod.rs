@@ -537,8 +537,10 @@ impl PageCache {
             .fetch_add(missing.len() as u64, Ordering::Relaxed);
         let page = self.inner.page;
         // One device read per run of contiguous missing pages, each at most
-        // the block layer's largest request.
-        let most = (crate::block::IO_LEN_MAX as usize / page).max(1);
+        // the longest request the block layer wants from this thread (a
+        // background scan's are short, so a critical command never waits
+        // long behind one at the device).
+        let most = (self.inner.block.request_len_max(true) as usize / page).max(1);
         let mut reads = Vec::new();
         let mut at = 0;
         while at < missing.len() {
@@ -635,10 +637,10 @@ impl PageCache {
             self.inner.flush_file(file)?;
             std::thread::yield_now();
         }
-        // Pages are at most 64 KiB (the config checks), so a write of the
-        // most whole pages the block layer takes holds at least one.
-        let most = crate::block::IO_LEN_MAX as usize / self.inner.page * self.inner.page;
-        debug_assert!(most >= self.inner.page);
+        // Writes of as many whole pages as the block layer wants in one
+        // non-critical request, at least one page.
+        let cut = self.inner.block.request_len_max(false) as usize;
+        let most = (cut / self.inner.page).max(1) * self.inner.page;
         // Should a submission fail, the writes already submitted are
         // waited for (the drop) before the error returns.
         let mut pending = WriteAround { writes: Vec::new() };
