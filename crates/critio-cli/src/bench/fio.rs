@@ -4,12 +4,15 @@
 //!
 //! ```text
 //!  probe = one measured fio job (4 KiB, O_DIRECT), optionally next to a
-//!          background writer (128 KiB sequential writes, QD 4, unpaced or
-//!          at a static rate) in its own reporting group, and optionally
-//!          with every CPU kept busy by `SCHED_IDLE` spinners (they take
-//!          only CPU time nothing else wants)
+//!          background job in its own reporting group (sequential writes of
+//!          128 KiB at QD 4, unpaced or at a static rate, or sequential
+//!          reads or writes of one size at QD 1, the way a server's
+//!          background work goes to the device one request at a time),
+//!          and optionally with every CPU kept busy by `SCHED_IDLE`
+//!          spinners (they take only CPU time nothing else wants)
 //!  fio --output-format=json ... ─> the measured job's completion latency
-//!          percentiles (p50/p99/p99.9/max) and rate, and the writer's rate
+//!          percentiles (p50/p99/p99.9/max) and rate, and the background
+//!          job's rate
 //! ```
 //!
 //! fio comes from Debian's `fio`; where it is missing, [`version`] says
@@ -25,7 +28,20 @@ use serde_json::{json, Value};
 use super::placement::spawn_on;
 use super::report::Table;
 
-/// One measured fio job, optionally next to a background writer.
+/// A sequential background job next to the measured one.
+#[derive(Clone, Copy, Debug)]
+pub struct Background {
+    /// Reads (`true`) or writes.
+    pub read: bool,
+    /// The size of each request, in KiB.
+    pub bs_kib: u32,
+    /// Requests in flight.
+    pub iodepth: u32,
+    /// Its rate limit in MiB/s (0: unpaced).
+    pub rate_mib_s: u32,
+}
+
+/// One measured fio job, optionally next to a background one.
 #[derive(Clone, Debug)]
 pub struct Probe {
     /// The row's name.
@@ -34,9 +50,8 @@ pub struct Probe {
     pub read: bool,
     /// fio options of the measured job (besides its file, size and time).
     pub job: &'static [&'static str],
-    /// A background writer next to it: `None`, or its rate limit in MiB/s
-    /// (`Some(0)`: unpaced).
-    pub writer_mib_s: Option<u32>,
+    /// A background job next to it.
+    pub background: Option<Background>,
     /// Keep every CPU busy meanwhile with a `SCHED_IDLE` spinner each: on
     /// a virtual machine, whether the guest's CPUs are busy can decide the
     /// device's tail (the host's I/O work competes with busy vCPUs), and
@@ -94,13 +109,13 @@ pub struct Measured {
     pub p999_ms: f64,
     /// Maximum.
     pub max_ms: f64,
-    /// The background writer's throughput, in MB/s, if there was one.
-    pub writer_mb_s: Option<f64>,
+    /// The background job's throughput, in MB/s, if there was one.
+    pub background_mb_s: Option<f64>,
 }
 
-/// The fio job name of the measured job and of the writer.
+/// The fio job name of the measured job and of the background one.
 const MEASURED: &str = "measured";
-const WRITER: &str = "writer";
+const BACKGROUND: &str = "background";
 
 /// fio's version, or why it cannot be used.
 pub fn version() -> Result<String, String> {
@@ -127,7 +142,7 @@ pub fn measure(
     cpus: Option<&[usize]>,
 ) -> Result<Measured, String> {
     let data = dir.join("fio-measured.dat");
-    let bg = dir.join("fio-writer.dat");
+    let bg = dir.join("fio-background.dat");
     let mut args: Vec<String> = vec![
         "--output-format=json".into(),
         "--direct=1".into(),
@@ -141,20 +156,20 @@ pub fn measure(
         "--group_reporting".into(),
     ];
     args.extend(probe.job.iter().map(|s| (*s).to_owned()));
-    if let Some(rate) = probe.writer_mib_s {
+    if let Some(b) = probe.background {
         args.extend([
-            format!("--name={WRITER}"),
+            format!("--name={BACKGROUND}"),
             "--new_group".into(),
             format!("--filename={}", bg.display()),
             "--size=1g".into(),
-            "--rw=write".into(),
-            "--bs=128k".into(),
+            format!("--rw={}", if b.read { "read" } else { "write" }),
+            format!("--bs={}k", b.bs_kib),
             "--ioengine=libaio".into(),
-            "--iodepth=4".into(),
+            format!("--iodepth={}", b.iodepth),
             "--numjobs=1".into(),
         ]);
-        if rate > 0 {
-            args.push(format!("--rate={rate}m"));
+        if b.rate_mib_s > 0 {
+            args.push(format!("--rate={}m", b.rate_mib_s));
         }
     }
     let spinners = probe.busy_cpus.then(Spinners::start);
@@ -202,8 +217,15 @@ fn parse(out: &str, read: bool) -> Result<Measured, String> {
             .map(|ns| (ns / 1e6).min(max_ms))
             .ok_or_else(|| format!("no {p} percentile"))
     };
-    let writer_mb_s = match jobs.iter().find(|j| j["jobname"] == WRITER) {
-        Some(w) => Some(w["write"]["bw_bytes"].as_f64().ok_or("writer's bw_bytes")? / 1e6),
+    // The background job's bytes, whichever way they went.
+    let background_mb_s = match jobs.iter().find(|j| j["jobname"] == BACKGROUND) {
+        Some(b) => {
+            let bytes = |dir: &str| b[dir]["bw_bytes"].as_f64().unwrap_or(0.0);
+            if b["read"].is_null() && b["write"].is_null() {
+                return Err("no bandwidth of the background job".into());
+            }
+            Some((bytes("read") + bytes("write")) / 1e6)
+        }
         None => None,
     };
     Ok(Measured {
@@ -212,7 +234,7 @@ fn parse(out: &str, read: bool) -> Result<Measured, String> {
         p99_ms: pct("99.000000")?,
         p999_ms: pct("99.900000")?,
         max_ms,
-        writer_mb_s,
+        background_mb_s,
     })
 }
 
@@ -222,40 +244,65 @@ const COMMIT: &[&str] = &["--rw=write", "--ioengine=psync", "--sync=dsync"];
 /// The probes of a key-value server's device: a log commit (a 4 KiB
 /// `O_DIRECT|O_DSYNC` write, QD 1) alone, with every CPU busy, next to a
 /// writer held to a static rate (32 MiB/s, and 160 MiB/s with and without
-/// the CPUs busy), and next to an unpaced one; and 4 KiB random reads
-/// from one thread with 16 in flight (io_uring) against 16 threads with
-/// one each (as a server's blocking readers do it).
-pub const KV_PROBES: [Probe; 8] = [
+/// the CPUs busy), next to an unpaced one, and next to an unpaced reader
+/// of one request at a time of 1 MiB and of 128 KiB (a snapshot's scan,
+/// as it was and as `critio serve` cuts it: the same bytes, the commit
+/// waiting behind shorter commands); and 4 KiB random reads from one
+/// thread with 16 in flight (io_uring) against 16 threads with one each
+/// (as a server's blocking readers do it).
+pub const KV_PROBES: [Probe; 10] = [
     commit("commit (4 KiB O_DSYNC write, QD 1), alone", None, false),
     commit("commit, CPUs busy (SCHED_IDLE spinners)", None, true),
-    commit("commit, writer at 32 MiB/s", Some(32), false),
-    commit("commit, writer at 160 MiB/s", Some(160), false),
-    commit("commit, writer at 160 MiB/s, CPUs busy", Some(160), true),
-    commit("commit, unpaced writer", Some(0), false),
+    commit("commit, writer at 32 MiB/s", writer(32), false),
+    commit("commit, writer at 160 MiB/s", writer(160), false),
+    commit("commit, writer at 160 MiB/s, CPUs busy", writer(160), true),
+    commit("commit, unpaced writer", writer(0), false),
+    commit("commit, reader of 1 MiB at QD 1", reader(1024), false),
+    commit("commit, reader of 128 KiB at QD 1", reader(128), false),
     Probe {
         label: "4 KiB random reads, 1 thread, QD 16",
         read: true,
         job: &["--rw=randread", "--ioengine=io_uring", "--iodepth=16"],
-        writer_mib_s: None,
+        background: None,
         busy_cpus: false,
     },
     Probe {
         label: "4 KiB random reads, 16 threads, QD 1 each",
         read: true,
         job: &["--rw=randread", "--ioengine=psync", "--numjobs=16"],
-        writer_mib_s: None,
+        background: None,
         busy_cpus: false,
     },
 ];
 
-const fn commit(label: &'static str, writer_mib_s: Option<u32>, busy_cpus: bool) -> Probe {
+const fn commit(label: &'static str, background: Option<Background>, busy_cpus: bool) -> Probe {
     Probe {
         label,
         read: false,
         job: COMMIT,
-        writer_mib_s,
+        background,
         busy_cpus,
     }
+}
+
+/// A writer of 128 KiB requests, 4 in flight, at `rate_mib_s` (0: unpaced).
+const fn writer(rate_mib_s: u32) -> Option<Background> {
+    Some(Background {
+        read: false,
+        bs_kib: 128,
+        iodepth: 4,
+        rate_mib_s,
+    })
+}
+
+/// An unpaced reader of `bs_kib` requests, one at a time.
+const fn reader(bs_kib: u32) -> Option<Background> {
+    Some(Background {
+        read: true,
+        bs_kib,
+        iodepth: 1,
+        rate_mib_s: 0,
+    })
 }
 
 /// Runs `probes` in `dir`, `seconds` each, one after another, into a
@@ -272,7 +319,7 @@ pub fn table(
     });
     let mut t = Table::new(
         &format!("the device alone: {version} on the same file system, O_DIRECT, {seconds} s per row{on} (latencies in ms)"),
-        &["fio job", "ops/s", "p50", "p99", "p99.9", "max", "writer MB/s"],
+        &["fio job", "ops/s", "p50", "p99", "p99.9", "max", "background MB/s"],
     );
     for p in probes {
         let m = measure(dir, p, seconds, cpus)?;
@@ -283,7 +330,7 @@ pub fn table(
             json!(m.p99_ms),
             json!(m.p999_ms),
             json!(m.max_ms),
-            m.writer_mb_s.map_or(json!("-"), |w| json!(w)),
+            m.background_mb_s.map_or(json!("-"), |w| json!(w)),
         ]);
     }
     Ok(t)
@@ -293,7 +340,8 @@ pub fn table(
 mod tests {
     use super::*;
 
-    /// Trimmed from fio 3.33's JSON (a measured job and a writer).
+    /// Trimmed from fio 3.33's JSON (a measured job and a background
+    /// writer).
     const OUT: &str = r#"note: a line fio printed first
 {
   "fio version" : "fio-3.33",
@@ -310,19 +358,34 @@ mod tests {
       }
     },
     {
-      "jobname" : "writer",
+      "jobname" : "background",
+      "read" : { "bw_bytes" : 0, "iops" : 0.0 },
       "write" : { "bw_bytes" : 33554432, "iops" : 256.0 }
     }
   ]
 }"#;
 
     #[test]
-    fn the_measured_job_and_the_writer_are_read_from_fios_json() {
+    fn the_measured_job_and_the_background_one_are_read_from_fios_json() {
         let m = parse(OUT, false).unwrap();
         assert_eq!(m.ops_per_s, 7324.5);
         assert_eq!((m.p50_ms, m.p99_ms, m.p999_ms), (0.13, 0.232, 0.528));
         assert_eq!(m.max_ms, 1.58);
-        assert_eq!(m.writer_mb_s, Some(33.554432));
+        assert_eq!(m.background_mb_s, Some(33.554432));
+        // A background reader's bytes are its reads.
+        let reader = OUT.replace(
+            r#""read" : { "bw_bytes" : 0, "iops" : 0.0 },
+      "write" : { "bw_bytes" : 33554432"#,
+            r#""read" : { "bw_bytes" : 880000000, "iops" : 6714.0 },
+      "write" : { "bw_bytes" : 0"#,
+        );
+        assert_eq!(parse(&reader, false).unwrap().background_mb_s, Some(880.0));
+        let no_bytes = OUT.replace(
+            r#""write" : { "bw_bytes" : 33554432, "iops" : 256.0 }"#,
+            "\"x\" : 0",
+        );
+        let no_bytes = no_bytes.replace(r#""read" : { "bw_bytes" : 0, "iops" : 0.0 },"#, "");
+        assert!(parse(&no_bytes, false).unwrap_err().contains("background"));
         // The read side has no 99th percentile: an error, not a zero.
         assert!(parse(OUT, true).unwrap_err().contains("99.000000"));
         assert!(parse("fio: no output", false).is_err());
@@ -346,7 +409,7 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         // With the spinners too: they must stop when fio ends.
         let probe = Probe {
-            writer_mib_s: Some(8),
+            background: writer(8),
             busy_cpus: true,
             ..KV_PROBES[0].clone()
         };
@@ -360,6 +423,6 @@ mod tests {
         assert!(m.ops_per_s > 0.0, "{m:?}");
         assert!(m.p50_ms > 0.0 && m.p50_ms <= m.p99_ms && m.p99_ms <= m.p999_ms);
         assert!(m.p999_ms <= m.max_ms + 1e-9, "{m:?}");
-        assert!(m.writer_mb_s.is_some_and(|w| w > 0.0), "{m:?}");
+        assert!(m.background_mb_s.is_some_and(|w| w > 0.0), "{m:?}");
     }
 }
