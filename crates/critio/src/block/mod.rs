@@ -137,10 +137,11 @@ pub struct BlockConfig {
     /// non-critical, in bytes; 0 = up to the device's largest command
     /// ([`IO_LEN_MAX`]). A device works on a command it has begun and
     /// cannot preempt it, so a critical command sent behind a background
-    /// one of a megabyte waits for all of it: on a virtual disk a
-    /// commit's tail next to 1 MiB background reads was 45x its tail next
-    /// to 128 KiB ones at the same throughput (`critio bench` on a file,
-    /// docs/RESULTS.md). Used only with classes (not `none`). Default 0
+    /// one of a megabyte waits for all of it (on this project's virtual
+    /// disk, `critio bench kv-vs-redis`'s device table: a commit's p99.9
+    /// next to a reader of 1 MiB requests was 3.3x its p99.9 next to one
+    /// of 128 KiB requests, docs/RESULTS.md). Used only with classes (not
+    /// `none`). Default 0
     /// (the simulated drives of the papers); `critio serve` on a real
     /// device: 128 KiB. Range 0, or 4096..=[`IO_LEN_MAX`].
     pub noncritical_request_max_bytes: u64,
