@@ -18,6 +18,7 @@ use critio::block::{AutoCapConfig, BlockScheme, NoncriticalCap};
 use critio::class::Class;
 use critio::device::sim::Profile;
 use critio::device::DeviceSpec;
+use critio::device::IO_LEN_MAX;
 use critio_kv::server::{Backend, FileConfig, Server};
 use critio_kv::stack::{Scheme, Stack, StackConfig};
 use signal_hook::consts::{SIGINT, SIGTERM};
@@ -211,12 +212,26 @@ fn describe_settings(
         effective.block != f.critio.block,
         f.critio.block.noncritical_cap == base.critio.block.noncritical_cap,
     );
-    // A bulk transfer's background requests (none: not cut).
-    let cut = effective.block.request_len_max(Class::NonCritical);
+    // A bulk transfer's background requests: a scan's reads, which its
+    // thread waits for, and a dump's writes (sync-first makes the reads
+    // critical; none has no classes).
+    let scheme_cut = |sync| {
+        let b = &effective.block;
+        b.request_len_max(b.scheme.classify(sync, Class::NonCritical))
+    };
+    let (reads, writes) = (scheme_cut(true), scheme_cut(false));
+    let cut = match (reads == IO_LEN_MAX, writes == IO_LEN_MAX) {
+        (true, true) => "bulk background requests not cut".to_owned(),
+        (false, _) => format!("bulk background requests at most {} KiB", reads >> 10),
+        (true, false) => format!(
+            "bulk background writes at most {} KiB, reads not cut",
+            writes >> 10
+        ),
+    };
+    let cut_cfg = f.critio.block.noncritical_request_max_bytes;
     let cut_from = source(
-        !effective.block.scheme.classes() && f.critio.block.noncritical_request_max_bytes != 0,
-        f.critio.block.noncritical_request_max_bytes
-            == base.critio.block.noncritical_request_max_bytes,
+        reads.max(writes) == IO_LEN_MAX && cut_cfg != 0,
+        cut_cfg == base.critio.block.noncritical_request_max_bytes,
     );
     let nice = match effective.context.background_nice {
         0 => "off".to_owned(),
@@ -240,15 +255,13 @@ fn describe_settings(
         ),
     };
     format!(
-        "critio-kv: page cache {} MiB ({}), checkpoint every {} ms ({}), background I/O at the device {} ({}), bulk background requests at most {} KiB ({}), background CPU nice {} ({}){floor}, request workers {} ({}), cache-miss readers {} ({})",
+        "critio-kv: page cache {} MiB ({}), checkpoint every {} ms ({}), background I/O at the device {} ({}), {cut} ({cut_from}), background CPU nice {} ({}){floor}, request workers {} ({}), cache-miss readers {} ({})",
         cache >> 20,
         from(cache == base.critio.cache.capacity_bytes),
         f.engine.checkpoint_interval_ms,
         from(f.engine.checkpoint_interval_ms == base.engine.checkpoint_interval_ms),
         cap,
         cap_from,
-        cut >> 10,
-        cut_from,
         nice,
         nice_from,
         f.server.workers_in_effect(),
@@ -462,8 +475,33 @@ mod tests {
             "{line}"
         );
         assert!(
-            line.contains("bulk background requests at most 8192 KiB (scheme none)"),
-            "none: not cut: {line}"
+            line.contains("bulk background requests not cut (scheme none)"),
+            "{line}"
+        );
+        let line = describe_settings(&file, &file, DeviceKind::File, Scheme::SyncFirst);
+        assert!(
+            line.contains(
+                "bulk background writes at most 128 KiB, reads not cut (scheme sync-first)"
+            ),
+            "sync-first: a scan's reads are critical: {line}"
+        );
+        let line = describe_settings(&file, &file, DeviceKind::File, Scheme::Static);
+        assert!(
+            line.contains("bulk background requests at most 128 KiB (real-device default)"),
+            "{line}"
+        );
+        let line = describe_settings(&sim, &sim, DeviceKind::Sim, Scheme::Rcp);
+        assert!(
+            line.contains("bulk background requests not cut (default)"),
+            "{line}"
+        );
+        let mine =
+            FileConfig::from_toml_str_over("[block]\nnoncritical_request_max_bytes = 65536", &file)
+                .unwrap();
+        let line = describe_settings(&mine, &file, DeviceKind::File, Scheme::Rcp);
+        assert!(
+            line.contains("bulk background requests at most 64 KiB (from --config)"),
+            "{line}"
         );
         let mine = FileConfig::from_toml_str_over("[engine]\ncheckpoint_interval_ms = 250", &file)
             .unwrap();

@@ -693,6 +693,47 @@ fn a_background_bulk_transfer_goes_to_the_device_in_short_requests_and_a_critica
     }
 }
 
+#[test]
+fn a_critical_wait_for_a_cut_transfer_promotes_all_its_pieces_at_once() {
+    const CUT: u64 = 16 << 10;
+    const LEN: usize = 64 << 10;
+    let dev = GateDevice::with(32, 8 * MIB, Box::new(|_, _| true));
+    let cfg = BlockConfig {
+        noncritical_request_max_bytes: CUT,
+        ..BlockConfig::default() // rcp, one background request at the device
+    };
+    let block = Arc::new(BlockLayer::new(dev.clone(), cfg).unwrap());
+    let cache = PageCache::new(block, CacheConfig::default(), &SyncConfig::default()).unwrap();
+    let f = cache.add_file("f", 0, MIB).unwrap();
+    // A background scan (this thread), then a dump, each waited for by a
+    // request thread: the first piece is at the device (held), the other
+    // three wait behind it for the cap, until the critical wait promotes
+    // them all, not only the one it waits for first.
+    let read = cache.start_read_through(f, 0, LEN).unwrap();
+    dev.wait_arrivals(1);
+    let reader = std::thread::spawn(move || {
+        let _fg = context::foreground();
+        read.finish().unwrap()
+    });
+    dev.wait_arrivals(4);
+    let classes =
+        |from: usize| -> Vec<Class> { dev.arrivals()[from..].iter().map(|a| a.1).collect() };
+    use Class::{Critical, NonCritical};
+    assert_eq!(classes(0), [NonCritical, Critical, Critical, Critical]);
+    dev.release_all();
+    assert_eq!(reader.join().unwrap().len(), LEN);
+    let write = cache.start_write_around(f, 0, &vec![3; LEN]).unwrap();
+    dev.wait_arrivals(5);
+    let writer = std::thread::spawn(move || {
+        let _fg = context::foreground();
+        write.finish().unwrap()
+    });
+    dev.wait_arrivals(8);
+    assert_eq!(classes(4), [NonCritical, Critical, Critical, Critical]);
+    dev.release_all();
+    writer.join().unwrap();
+}
+
 #[derive(Clone, Debug)]
 enum CacheOp {
     Write {

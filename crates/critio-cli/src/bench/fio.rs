@@ -5,9 +5,8 @@
 //! ```text
 //!  probe = one measured fio job (4 KiB, O_DIRECT), optionally next to a
 //!          background job in its own reporting group (sequential writes of
-//!          128 KiB at QD 4, unpaced or at a static rate, or sequential
-//!          reads or writes of one size at QD 1, the way a server's
-//!          background work goes to the device one request at a time),
+//!          128 KiB at QD 4, unpaced or at a static rate, or unpaced
+//!          sequential reads of one request size at QD 1),
 //!          and optionally with every CPU kept busy by `SCHED_IDLE`
 //!          spinners (they take only CPU time nothing else wants)
 //!  fio --output-format=json ... ─> the measured job's completion latency
@@ -190,13 +189,17 @@ pub fn measure(
             String::from_utf8_lossy(&out.stderr).trim()
         ));
     }
-    parse(&String::from_utf8_lossy(&out.stdout), probe.read)
-        .map_err(|e| format!("fio {}: {e}", probe.label))
+    parse(
+        &String::from_utf8_lossy(&out.stdout),
+        probe.read,
+        probe.background,
+    )
+    .map_err(|e| format!("fio {}: {e}", probe.label))
 }
 
 /// The measured job's figures from fio's JSON output (anything fio
 /// printed before the JSON is skipped).
-fn parse(out: &str, read: bool) -> Result<Measured, String> {
+fn parse(out: &str, read: bool, background: Option<Background>) -> Result<Measured, String> {
     let start = out.find('{').ok_or("no JSON in fio's output")?;
     let v: Value = serde_json::from_str(&out[start..]).map_err(|e| format!("fio's JSON: {e}"))?;
     let jobs = v["jobs"].as_array().ok_or("no jobs in fio's JSON")?;
@@ -217,14 +220,11 @@ fn parse(out: &str, read: bool) -> Result<Measured, String> {
             .map(|ns| (ns / 1e6).min(max_ms))
             .ok_or_else(|| format!("no {p} percentile"))
     };
-    // The background job's bytes, whichever way they went.
-    let background_mb_s = match jobs.iter().find(|j| j["jobname"] == BACKGROUND) {
+    let background_mb_s = match background {
         Some(b) => {
-            let bytes = |dir: &str| b[dir]["bw_bytes"].as_f64().unwrap_or(0.0);
-            if b["read"].is_null() && b["write"].is_null() {
-                return Err("no bandwidth of the background job".into());
-            }
-            Some((bytes("read") + bytes("write")) / 1e6)
+            let dir = if b.read { "read" } else { "write" };
+            let bytes = job(BACKGROUND)?[dir]["bw_bytes"].as_f64();
+            Some(bytes.ok_or_else(|| format!("no {dir} bw_bytes of the background job"))? / 1e6)
         }
         None => None,
     };
@@ -245,9 +245,10 @@ const COMMIT: &[&str] = &["--rw=write", "--ioengine=psync", "--sync=dsync"];
 /// `O_DIRECT|O_DSYNC` write, QD 1) alone, with every CPU busy, next to a
 /// writer held to a static rate (32 MiB/s, and 160 MiB/s with and without
 /// the CPUs busy), next to an unpaced one, and next to an unpaced reader
-/// of one request at a time of 1 MiB and of 128 KiB (a snapshot's scan,
-/// as it was and as `critio serve` cuts it: the same bytes, the commit
-/// waiting behind shorter commands); and 4 KiB random reads from one
+/// of one request at a time of 1 MiB and of 128 KiB (a snapshot scan's
+/// request size before `critio serve` cut it, and after; not the server's
+/// own load: the two readers read at their own rates, and the server has
+/// several such requests in flight); and 4 KiB random reads from one
 /// thread with 16 in flight (io_uring) against 16 threads with one each
 /// (as a server's blocking readers do it).
 pub const KV_PROBES: [Probe; 10] = [
@@ -257,8 +258,8 @@ pub const KV_PROBES: [Probe; 10] = [
     commit("commit, writer at 160 MiB/s", writer(160), false),
     commit("commit, writer at 160 MiB/s, CPUs busy", writer(160), true),
     commit("commit, unpaced writer", writer(0), false),
-    commit("commit, reader of 1 MiB at QD 1", reader(1024), false),
-    commit("commit, reader of 128 KiB at QD 1", reader(128), false),
+    commit("commit, reader of 1 MiB at QD 1", reader_of(1024), false),
+    commit("commit, reader of 128 KiB at QD 1", reader_of(128), false),
     Probe {
         label: "4 KiB random reads, 1 thread, QD 16",
         read: true,
@@ -296,7 +297,7 @@ const fn writer(rate_mib_s: u32) -> Option<Background> {
 }
 
 /// An unpaced reader of `bs_kib` requests, one at a time.
-const fn reader(bs_kib: u32) -> Option<Background> {
+const fn reader_of(bs_kib: u32) -> Option<Background> {
     Some(Background {
         read: true,
         bs_kib,
@@ -367,7 +368,7 @@ mod tests {
 
     #[test]
     fn the_measured_job_and_the_background_one_are_read_from_fios_json() {
-        let m = parse(OUT, false).unwrap();
+        let m = parse(OUT, false, writer(32)).unwrap();
         assert_eq!(m.ops_per_s, 7324.5);
         assert_eq!((m.p50_ms, m.p99_ms, m.p999_ms), (0.13, 0.232, 0.528));
         assert_eq!(m.max_ms, 1.58);
@@ -379,23 +380,23 @@ mod tests {
             r#""read" : { "bw_bytes" : 880000000, "iops" : 6714.0 },
       "write" : { "bw_bytes" : 0"#,
         );
-        assert_eq!(parse(&reader, false).unwrap().background_mb_s, Some(880.0));
-        let no_bytes = OUT.replace(
-            r#""write" : { "bw_bytes" : 33554432, "iops" : 256.0 }"#,
-            "\"x\" : 0",
-        );
-        let no_bytes = no_bytes.replace(r#""read" : { "bw_bytes" : 0, "iops" : 0.0 },"#, "");
-        assert!(parse(&no_bytes, false).unwrap_err().contains("background"));
+        let m = parse(&reader, false, reader_of(128)).unwrap();
+        assert_eq!(m.background_mb_s, Some(880.0));
+        // Bytes missing are an error, not a zero; no background job, none.
+        let no_bytes = OUT.replace(r#""bw_bytes" : 33554432, "#, "");
+        let e = parse(&no_bytes, false, writer(32)).unwrap_err();
+        assert!(e.contains("no write bw_bytes of the background job"), "{e}");
+        assert_eq!(parse(OUT, false, None).unwrap().background_mb_s, None);
         // The read side has no 99th percentile: an error, not a zero.
-        assert!(parse(OUT, true).unwrap_err().contains("99.000000"));
-        assert!(parse("fio: no output", false).is_err());
+        assert!(parse(OUT, true, None).unwrap_err().contains("99.000000"));
+        assert!(parse("fio: no output", false, None).is_err());
     }
 
     #[test]
     fn a_percentile_bucket_above_the_max_is_read_as_the_max() {
         // A max of 0.5 ms, inside the 99.9th percentile's bucket (0.528).
         let out = OUT.replace("\"max\" : 1580000", "\"max\" : 500000");
-        let m = parse(&out, false).unwrap();
+        let m = parse(&out, false, None).unwrap();
         assert_eq!((m.p99_ms, m.p999_ms, m.max_ms), (0.232, 0.5, 0.5));
     }
 

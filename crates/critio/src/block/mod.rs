@@ -137,13 +137,15 @@ pub struct BlockConfig {
     /// non-critical, in bytes; 0 = up to the device's largest command
     /// ([`IO_LEN_MAX`]). A device works on a command it has begun and
     /// cannot preempt it, so a critical command sent behind a background
-    /// one of a megabyte waits for all of it (on this project's virtual
-    /// disk, `critio bench kv-vs-redis`'s device table: a commit's p99.9
-    /// next to a reader of 1 MiB requests was 3.3x its p99.9 next to one
-    /// of 128 KiB requests, docs/RESULTS.md). Used only with classes (not
-    /// `none`). Default 0
-    /// (the simulated drives of the papers); `critio serve` on a real
-    /// device: 128 KiB. Range 0, or 4096..=[`IO_LEN_MAX`].
+    /// one of a megabyte waits for all of it (`critio serve` sets 128 KiB
+    /// on a real device, and says why). With a cap of N background
+    /// requests at the device, a critical one waits behind at most N of
+    /// these. The cost: more, shorter background requests, and the
+    /// starvation timer's one forced background dispatch per period moves
+    /// this much at most. A transfer's requests are whole cache pages, at
+    /// least one. Used only with classes (not `none`). Default 0 (the
+    /// simulated drives of the papers). Range 0, or a multiple of 4096
+    /// within 4096..=[`IO_LEN_MAX`].
     pub noncritical_request_max_bytes: u64,
 }
 
@@ -197,11 +199,13 @@ impl BlockConfig {
             ));
         }
         let cut = self.noncritical_request_max_bytes;
-        if cut != 0 && !(4096..=IO_LEN_MAX).contains(&cut) {
+        if cut != 0 && (!(4096..=IO_LEN_MAX).contains(&cut) || cut % 4096 != 0) {
             return Err(invalid(
                 "block.noncritical_request_max_bytes",
                 cut,
-                &format!("must be 0 (no limit) or within 4096..={IO_LEN_MAX} bytes"),
+                &format!(
+                    "must be 0 (no limit) or a multiple of 4096 within 4096..={IO_LEN_MAX} bytes"
+                ),
             ));
         }
         if let NoncriticalCap::Auto(a) = self.noncritical_cap {
@@ -314,7 +318,7 @@ mod tests {
         assert_eq!(parse_cap("3"), Ok(NoncriticalCap::Fixed(3)));
         assert!(matches!(parse_cap("auto"), Ok(NoncriticalCap::Auto(_))));
         assert!(parse_cap("x").unwrap_err().contains("auto"));
-        for cut in [1, 4095, IO_LEN_MAX + 1] {
+        for cut in [1, 4095, 5000, IO_LEN_MAX + 4096] {
             let bad = BlockConfig {
                 noncritical_request_max_bytes: cut,
                 ..BlockConfig::default()

@@ -110,6 +110,18 @@ impl IoHandle {
         self.state.done.load(Ordering::Acquire)
     }
 
+    /// Promotes the request wherever it is, as a critical task waiting
+    /// for it does (nothing once it is done, or without I/O inheritance):
+    /// for a task that is about to wait for it after others.
+    pub fn promote(&self) {
+        if self.is_done() {
+            return;
+        }
+        if let Some(layer) = self.state.layer.upgrade() {
+            layer.promote(self.state.id, InheritKind::Io);
+        }
+    }
+
     /// Blocks until the request completes; returns its result. While the
     /// caller waits, its blocking status is "I/O n"; if it is critical (now or
     /// later, by inheritance) the request is promoted wherever it is.

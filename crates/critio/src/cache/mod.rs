@@ -93,13 +93,29 @@ type CopyOut = (usize, usize, usize);
 impl ReadThrough {
     /// Waits for the device reads and returns the bytes.
     pub fn finish(mut self) -> Result<Vec<u8>, CacheError> {
-        for (io, copies) in self.reads {
-            let buf = io.wait_buf()?;
-            for (src, n, dst) in copies {
+        let mut promoted = false;
+        for k in 0..self.reads.len() {
+            promote_rest(&mut promoted, self.reads[k..].iter().map(|r| &r.0));
+            let buf = self.reads[k].0.wait_buf()?;
+            for &(src, n, dst) in &self.reads[k].1 {
                 self.out[dst..dst + n].copy_from_slice(&buf.as_slice()[src..src + n]);
             }
         }
         Ok(self.out)
+    }
+}
+
+/// Once the calling task is critical (from the start, or by inheritance
+/// while it waited for an earlier one), promotes every request of `rest`,
+/// the pieces of one transfer it waits for in order, at once and only
+/// once (`promoted`): waiting promotes only the request waited for, and
+/// the pieces of a transfer cut into short requests
+/// ([`BlockLayer::request_len_max`]) would otherwise go critical one at
+/// a time.
+fn promote_rest<'a>(promoted: &mut bool, rest: impl Iterator<Item = &'a crate::block::IoHandle>) {
+    if !*promoted && context::current_class() == Class::Critical {
+        rest.for_each(crate::block::IoHandle::promote);
+        *promoted = true;
     }
 }
 
@@ -116,11 +132,18 @@ impl WriteAround {
     /// Waits for every device write (not for a device flush); returns the
     /// first error.
     pub fn finish(mut self) -> Result<(), CacheError> {
+        self.wait_all().map_err(CacheError::from)
+    }
+
+    /// Waits for every write, all of them promoted once this task is
+    /// critical; the first error.
+    fn wait_all(&mut self) -> Result<(), BlockError> {
+        let writes = std::mem::take(&mut self.writes);
+        let mut promoted = false;
         let mut first = Ok(());
-        for io in std::mem::take(&mut self.writes) {
-            if let Err(e) = io.wait() {
-                first = first.and(Err(e.into()));
-            }
+        for k in 0..writes.len() {
+            promote_rest(&mut promoted, writes[k..].iter());
+            first = first.and(writes[k].wait());
         }
         first
     }
@@ -128,9 +151,7 @@ impl WriteAround {
 
 impl Drop for WriteAround {
     fn drop(&mut self) {
-        for io in self.writes.drain(..) {
-            let _ = io.wait();
-        }
+        let _ = self.wait_all();
     }
 }
 
@@ -540,7 +561,7 @@ impl PageCache {
         // the longest request the block layer wants from this thread (a
         // background scan's are short, so a critical command never waits
         // long behind one at the device).
-        let most = (self.inner.block.request_len_max(true) as usize / page).max(1);
+        let most = self.request_pages(true);
         let mut reads = Vec::new();
         let mut at = 0;
         while at < missing.len() {
@@ -637,10 +658,8 @@ impl PageCache {
             self.inner.flush_file(file)?;
             std::thread::yield_now();
         }
-        // Writes of as many whole pages as the block layer wants in one
-        // non-critical request, at least one page.
-        let cut = self.inner.block.request_len_max(false) as usize;
-        let most = (cut / self.inner.page).max(1) * self.inner.page;
+        // Non-critical writes (until someone waits for them), cut as such.
+        let most = self.request_pages(false) * self.inner.page;
         // Should a submission fail, the writes already submitted are
         // waited for (the drop) before the error returns.
         let mut pending = WriteAround { writes: Vec::new() };
@@ -654,6 +673,14 @@ impl PageCache {
         }
         (self.inner.counters.written_around_pages).fetch_add(len / page, Ordering::Relaxed);
         Ok(pending)
+    }
+
+    /// How many pages one device request of a bulk transfer holds: as
+    /// many as fit in the length the block layer gives the calling thread
+    /// ([`BlockLayer::request_len_max`]; `sync`, it waits for them), and
+    /// at least one (a cut shorter than a page sends whole pages).
+    fn request_pages(&self, sync: bool) -> usize {
+        (self.inner.block.request_len_max(sync) as usize / self.inner.page).max(1)
     }
 
     /// Drops the clean cached pages that lie wholly within `[offset,
