@@ -443,72 +443,79 @@ mod tests {
             file.critio.block.noncritical_cap,
             NoncriticalCap::Auto(_)
         ));
-        let line = describe_settings(&file, &file, DeviceKind::File, Scheme::Rcp);
-        assert!(
-            line.contains("adaptive (up to 32) (real-device default)"),
-            "{line}"
-        );
-        assert!(
-            line.contains("bulk background requests at most 128 KiB (real-device default)"),
-            "{line}"
-        );
-        assert!(
-            line.contains("background CPU nice +10 over the server's own (real-device default)"),
-            "{line}"
-        );
-        assert!(
-            line.contains("CPU floor 0.5 of the CPU it wants (real-device default)"),
-            "{line}"
-        );
-        let line = describe_settings(&sim, &sim, DeviceKind::Sim, Scheme::Rcp);
-        assert!(
-            line.contains("background CPU nice +10 over the server's own (default)"),
-            "{line}"
-        );
-        let line = describe_settings(&file, &file, DeviceKind::File, Scheme::None);
+        let cut =
+            FileConfig::from_toml_str_over("[block]\nnoncritical_request_max_bytes = 65536", &file)
+                .unwrap();
+        let every = FileConfig::from_toml_str_over("[engine]\ncheckpoint_interval_ms = 250", &file)
+            .unwrap();
+        use DeviceKind::{File, Sim};
+        let cases: [(&FileConfig, DeviceKind, Scheme, &[&str]); 7] = [
+            (
+                &file,
+                File,
+                Scheme::Rcp,
+                &[
+                    "adaptive (up to 32) (real-device default)",
+                    "bulk background requests at most 128 KiB (real-device default)",
+                    "background CPU nice +10 over the server's own (real-device default)",
+                    "CPU floor 0.5 of the CPU it wants (real-device default)",
+                ],
+            ),
+            (
+                &sim,
+                Sim,
+                Scheme::Rcp,
+                &[
+                    "background CPU nice +10 over the server's own (default)",
+                    "bulk background requests not cut (default)",
+                ],
+            ),
+            (
+                &file,
+                File,
+                Scheme::None,
+                &[
+                    "unlimited, one queue (scheme none)",
+                    "bulk background requests not cut (scheme none)",
+                ],
+            ),
+            // A scan's reads are critical under sync-first.
+            (
+                &file,
+                File,
+                Scheme::SyncFirst,
+                &["bulk background writes at most 128 KiB, reads not cut (scheme sync-first)"],
+            ),
+            (
+                &file,
+                File,
+                Scheme::Static,
+                &["bulk background requests at most 128 KiB (real-device default)"],
+            ),
+            (
+                &cut,
+                File,
+                Scheme::Rcp,
+                &["bulk background requests at most 64 KiB (from --config)"],
+            ),
+            (
+                &every,
+                File,
+                Scheme::Rcp,
+                &["checkpoint every 250 ms (from --config)"],
+            ),
+        ];
+        for (f, kind, scheme, want) in cases {
+            let base = if kind == Sim { &sim } else { &file };
+            let line = describe_settings(f, base, kind, scheme);
+            for w in want {
+                assert!(line.contains(w), "{scheme}: {w}: {line}");
+            }
+        }
+        let line = describe_settings(&file, &file, File, Scheme::None);
         assert!(
             !line.contains("CPU floor"),
             "none: no background nice, no floor: {line}"
-        );
-        assert!(
-            line.contains("unlimited, one queue (scheme none)"),
-            "{line}"
-        );
-        assert!(
-            line.contains("bulk background requests not cut (scheme none)"),
-            "{line}"
-        );
-        let line = describe_settings(&file, &file, DeviceKind::File, Scheme::SyncFirst);
-        assert!(
-            line.contains(
-                "bulk background writes at most 128 KiB, reads not cut (scheme sync-first)"
-            ),
-            "sync-first: a scan's reads are critical: {line}"
-        );
-        let line = describe_settings(&file, &file, DeviceKind::File, Scheme::Static);
-        assert!(
-            line.contains("bulk background requests at most 128 KiB (real-device default)"),
-            "{line}"
-        );
-        let line = describe_settings(&sim, &sim, DeviceKind::Sim, Scheme::Rcp);
-        assert!(
-            line.contains("bulk background requests not cut (default)"),
-            "{line}"
-        );
-        let mine =
-            FileConfig::from_toml_str_over("[block]\nnoncritical_request_max_bytes = 65536", &file)
-                .unwrap();
-        let line = describe_settings(&mine, &file, DeviceKind::File, Scheme::Rcp);
-        assert!(
-            line.contains("bulk background requests at most 64 KiB (from --config)"),
-            "{line}"
-        );
-        let mine = FileConfig::from_toml_str_over("[engine]\ncheckpoint_interval_ms = 250", &file)
-            .unwrap();
-        let line = describe_settings(&mine, &file, DeviceKind::File, Scheme::Rcp);
-        assert!(
-            line.contains("checkpoint every 250 ms (from --config)"),
-            "{line}"
         );
     }
 
