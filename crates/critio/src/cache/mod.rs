@@ -559,8 +559,8 @@ impl PageCache {
         let page = self.inner.page;
         // One device read per run of contiguous missing pages, each at most
         // the longest request the block layer wants from this thread (a
-        // background scan's are short, so a critical command never waits
-        // long behind one at the device).
+        // background scan's are short, so a critical command waits less
+        // behind one at the device).
         let most = self.request_pages(true);
         let mut reads = Vec::new();
         let mut at = 0;
