@@ -41,6 +41,8 @@ const VALUE_BYTES: usize = 1024;
 #[derive(Clone, Copy, Debug)]
 struct Size {
     keys: u64,
+    /// critio-kv's image file, reserved in full when the server starts.
+    image_bytes: u64,
     cache_bytes: u64,
     gets: u64,
 }
@@ -49,6 +51,7 @@ fn size(quick: bool) -> Size {
     if quick {
         Size {
             keys: 30_000,
+            image_bytes: 1 << 30,
             cache_bytes: 64 << 20,
             gets: 60_000,
         }
@@ -57,6 +60,7 @@ fn size(quick: bool) -> Size {
         // beside it does not.
         Size {
             keys: 600_000,
+            image_bytes: 8 << 30,
             cache_bytes: 1 << 30,
             gets: 600_000,
         }
@@ -88,7 +92,13 @@ fn cache_misses(peer: &Peer) -> Result<Option<u64>, String> {
 /// Both phases of one server.
 fn run_peer(kind: Kind, size: Size, dir: &Path, args: &BenchArgs) -> Result<Vec<Run>, String> {
     let pb = progress_bar(&kind.label());
-    let peer = Peer::start(kind, dir, size.cache_bytes, &args.placement)?;
+    let peer = Peer::start(
+        kind,
+        dir,
+        size.image_bytes,
+        size.cache_bytes,
+        &args.placement,
+    )?;
     pb.set_message("preload (random values)");
     peer.preload_values(size.keys, VALUE_BYTES, true, &pb)?;
     let mut runs = Vec::new();
@@ -140,9 +150,10 @@ fn per_1000(misses: u64, gets: u64) -> f64 {
 fn table(runs: &[Run], size: Size) -> Table {
     let mut t = Table::new(
         &format!(
-            "{} keys x {VALUE_BYTES} B of random bytes, critio cache {} MiB; redis-benchmark -t get -n {} -c {CLIENTS} -r {}; \
+            "{} keys x {VALUE_BYTES} B of random bytes, critio image {} GiB, cache {} MiB; redis-benchmark -t get -n {} -c {CLIENTS} -r {}; \
              cache misses: critio-kv's page cache during the load (INFO cache_misses)",
             size.keys,
+            size.image_bytes >> 30,
             size.cache_bytes >> 20,
             size.gets,
             size.keys

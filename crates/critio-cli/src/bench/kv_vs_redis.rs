@@ -56,6 +56,8 @@ struct Size {
     name: &'static str,
     about: &'static str,
     keys: u64,
+    /// critio-kv's image file, reserved in full when the server starts.
+    image_bytes: u64,
     cache_bytes: u64,
     set_requests: u64,
     get_requests: u64,
@@ -68,6 +70,7 @@ fn sizes(quick: bool) -> [Size; 2] {
                 name: "fits",
                 about: "the data fits critio's cache",
                 keys: 20_000,
+                image_bytes: 1 << 30,
                 cache_bytes: 64 << 20,
                 set_requests: 3_000,
                 get_requests: 6_000,
@@ -76,6 +79,7 @@ fn sizes(quick: bool) -> [Size; 2] {
                 name: "4x",
                 about: "the data is 4x critio's cache",
                 keys: 40_000,
+                image_bytes: 1 << 30,
                 cache_bytes: 10 << 20,
                 set_requests: 3_000,
                 get_requests: 6_000,
@@ -87,6 +91,7 @@ fn sizes(quick: bool) -> [Size; 2] {
                 name: "fits",
                 about: "the data fits critio's cache",
                 keys: 300_000,
+                image_bytes: 8 << 30,
                 cache_bytes: 1 << 30,
                 set_requests: 200_000,
                 get_requests: 600_000,
@@ -95,6 +100,7 @@ fn sizes(quick: bool) -> [Size; 2] {
                 name: "4x",
                 about: "the data is 4x critio's cache",
                 keys: 1_000_000,
+                image_bytes: 8 << 30,
                 cache_bytes: 256 << 20,
                 set_requests: 200_000,
                 get_requests: 600_000,
@@ -140,7 +146,7 @@ fn run_peer(
 ) -> Result<Vec<Run>, String> {
     let label = format!("{} {}", size.name, kind.label());
     let pb = progress_bar(&label);
-    let peer = Peer::start(kind, dir, size.cache_bytes, placement)?;
+    let peer = Peer::start(kind, dir, size.image_bytes, size.cache_bytes, placement)?;
     for line in &peer.banner {
         pb.suspend(|| eprintln!("kv-vs-redis: {label}: {line}"));
     }
@@ -195,10 +201,11 @@ fn find<'a>(runs: &'a [Run], kind: Kind, size: &str, background: bool) -> &'a Ru
 fn latency_table(runs: &[Run], size: &Size) -> Table {
     let mut t = Table::new(
         &format!(
-            "{} ({}): {} keys x {VALUE_BYTES} B, critio cache {} MiB; redis-benchmark -c {CLIENTS} -r {} -d {VALUE_BYTES}, SET -n {}, GET -n {}",
+            "{} ({}): {} keys x {VALUE_BYTES} B, critio image {} GiB, cache {} MiB; redis-benchmark -c {CLIENTS} -r {} -d {VALUE_BYTES}, SET -n {}, GET -n {}",
             size.name,
             size.about,
             size.keys,
+            size.image_bytes >> 30,
             size.cache_bytes >> 20,
             size.keys,
             size.set_requests,

@@ -171,11 +171,12 @@ impl Peer {
         Ok(peer)
     }
 
-    /// Starts `critio serve` (this binary) in `dir` on a file through
-    /// io_uring, with `config` as its config file.
+    /// Starts `critio serve` (this binary) in `dir` on a new image file of
+    /// `image_bytes` through io_uring, with `config` as its config file.
     pub fn critio(
         dir: &Path,
         scheme: Scheme,
+        image_bytes: u64,
         config: &str,
         placement: &Placement,
     ) -> Result<Peer, String> {
@@ -186,6 +187,7 @@ impl Peer {
         let mut cmd = Command::new(exe);
         cmd.args(["serve", "--device", "file", "--bind", "127.0.0.1:0"])
             .args(["--scheme", scheme.name()])
+            .args(["--capacity", &image_bytes.to_string()])
             .arg("--data")
             .arg(dir.join("data"))
             .arg("--config")
@@ -225,10 +227,13 @@ impl Peer {
     }
 
     /// A server of `kind` in `dir/redis` or `dir/critio-SCHEME`; critio-kv
-    /// with a page cache of `cache_bytes` and a checkpoint every second.
+    /// on an image of `image_bytes` (reserved in full when it starts: a
+    /// short run asks for little, so it fits a small disk) with a page
+    /// cache of `cache_bytes` and a checkpoint every second.
     pub fn start(
         kind: Kind,
         dir: &Path,
+        image_bytes: u64,
         cache_bytes: u64,
         placement: &Placement,
     ) -> Result<Peer, String> {
@@ -237,6 +242,7 @@ impl Peer {
             Kind::Critio(s) => Peer::critio(
                 &dir.join(format!("critio-{s}")),
                 s,
+                image_bytes,
                 &format!(
                     "[cache]\ncapacity_bytes = {cache_bytes}\n[engine]\ncheckpoint_interval_ms = 1000\n"
                 ),
