@@ -17,7 +17,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use parking_lot::MutexGuard;
+use crate::sync::MutexGuard;
 
 use super::core::PageKey;
 use super::pending::PendingIo;
@@ -66,7 +66,7 @@ impl Inner {
     pub(crate) fn plan_runs(
         &self,
         shard: usize,
-        core: &mut MutexGuard<'_, Core>,
+        mut core: MutexGuard<'_, Core>,
         frames: Vec<usize>,
     ) -> Vec<Run> {
         let mut keyed: Vec<(PageKey, usize)> = frames
@@ -104,7 +104,7 @@ impl Inner {
         for run in &mut runs {
             let mut buf = AlignedBuf::zeroed(run.pages.len() * self.page);
             for (k, &i) in run.pages.iter().enumerate() {
-                MutexGuard::bump(core);
+                core = core.bump();
                 buf.as_mut_slice()[k * self.page..(k + 1) * self.page]
                     .copy_from_slice(core.frames.data(i));
             }
@@ -267,10 +267,10 @@ impl Inner {
                 if left == 0 {
                     break;
                 }
-                let mut core = self.shards[shard].lock();
+                let core = self.shards[shard].lock();
                 let pick = core.frames.oldest_dirty(share.min(left));
                 left -= pick.len();
-                runs.extend(self.plan_runs(shard, &mut core, pick));
+                runs.extend(self.plan_runs(shard, core, pick));
             }
             if runs.is_empty() {
                 // Everything dirty is under writeback already: wait a bit.
@@ -329,9 +329,9 @@ mod tests {
         let key = PageKey { file: f, page: 0 };
         let shard = inner.shard_index(key);
         let (i, runs) = {
-            let mut core = inner.shards[shard].lock();
+            let core = inner.shards[shard].lock();
             let i = core.frames.lookup(key).unwrap();
-            (i, inner.plan_runs(shard, &mut core, vec![i]))
+            (i, inner.plan_runs(shard, core, vec![i]))
         };
         let run: Vec<Submitted> = runs
             .into_iter()
