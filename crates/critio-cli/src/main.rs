@@ -5,6 +5,15 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+/// mimalloc: a heap per thread, freed into from other threads without a
+/// lock. Under glibc's malloc a server's GET waited (perf: futex waits in
+/// `__libc_calloc` and `_int_free`) for an arena lock that a background
+/// thread at a lower CPU priority (BGSAVE, the cleaner) held while
+/// preempted: an inversion no critio mechanism sees, since the allocator's
+/// locks are not critio's.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 mod bench;
 mod demo;
 mod kvbench;
