@@ -541,11 +541,13 @@ impl<'a, T> MutexGuard<'a, T> {
         mutex
     }
 
-    /// Lets the queued waiters have the lock, if any are queued, and
-    /// takes it back after them (parking_lot's `MutexGuard::bump`): for a
-    /// holder that works in many short steps, so that a waiter waits for
-    /// one step, not all of them. A critical waiter is handed the lock at
-    /// the release; with none queued this is one load.
+    /// Releases the lock and takes it again if a waiter is queued
+    /// (parking_lot's `MutexGuard::bump`): for a holder that works in many
+    /// short steps, so that a critical waiter waits for one step, not all
+    /// of them. A critical waiter is handed the lock at the release and
+    /// the holder queues behind it; a non-critical one is woken under the
+    /// usual rule (it may find the lock taken again, until it is due). With
+    /// none queued this is one load.
     pub fn bump(self) -> Self {
         if self.raw.core.state.load(Ordering::Relaxed) & CONTENDED == 0 {
             return self;
@@ -591,8 +593,8 @@ mod tests {
         assert_eq!(*m.lock(), 6);
     }
 
-    /// A bump with a waiter queued lets the waiter in first, then takes
-    /// the lock back; with none queued it keeps the lock.
+    /// A bump with a critical waiter queued lets the waiter in first, then
+    /// takes the lock back; with none queued it keeps the lock.
     #[test]
     fn bump_lets_a_queued_waiter_in_and_takes_the_lock_back() {
         let m = Arc::new(Mutex::named("t-bump", Vec::new()));
