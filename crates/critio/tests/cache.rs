@@ -11,7 +11,7 @@ use std::time::Duration;
 use common::gate::GateDevice;
 use common::{wait_blocked, wait_until};
 use critio::block::{BlockConfig, BlockLayer, BlockScheme};
-use critio::cache::{CacheConfig, PageCache};
+use critio::cache::{CacheConfig, CachedRead, PageCache};
 use critio::config::SyncConfig;
 use critio::context::{self, BlockingStatus, Class};
 use critio::device::mem::MemDevice;
@@ -845,7 +845,7 @@ proptest! {
                 }
                 CacheOp::ReadCached { file, offset, len } => {
                     let mut out = vec![0u8; len];
-                    if cache.read_cached(files[file], offset, &mut out).unwrap() {
+                    if cache.read_cached(files[file], offset, &mut out).unwrap() == CachedRead::Hit {
                         prop_assert_eq!(&out[..], &model[file][offset as usize..offset as usize + len]);
                     }
                 }

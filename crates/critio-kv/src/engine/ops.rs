@@ -13,6 +13,7 @@
 //! Logging and applying under the same stripe locks keeps each key's log
 //! order equal to its apply order, so replay rebuilds exactly this state.
 
+use critio::cache::CachedRead;
 use critio::sync::MutexGuard;
 
 use super::entry::Value;
@@ -51,15 +52,17 @@ pub(crate) struct Found {
 
 /// What a request that did not wait needs before it runs again without
 /// waiting long: a value record [`Engine::try_get`] did not find in the
-/// page cache, or an index stripe a background thread held
-/// ([`Engine::try_get`], [`Engine::busy`]).
+/// page cache, or found there under a cache part a background thread held,
+/// or an index stripe a background thread held ([`Engine::try_get`],
+/// [`Engine::busy`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Prefetch(Need);
 
 impl Prefetch {
-    /// It waits for a stripe a background thread held (not for the device).
+    /// It waits for a lock a background thread held (an index stripe, a
+    /// cache part), not for the device.
     pub fn waits_for_lock(&self) -> bool {
-        matches!(self.0, Need::Stripe(_))
+        matches!(self.0, Need::Stripe(_) | Need::Part { .. })
     }
 }
 
@@ -70,6 +73,10 @@ enum Need {
     /// This index stripe free: waiting for it (as a foreground thread)
     /// makes its holder critical until it lets go.
     Stripe(usize),
+    /// The record at `addr` was cached, but a background thread held a
+    /// cache part of its pages: loading it waits for the part (as a
+    /// foreground thread: the holder is critical until it lets go).
+    Part { addr: u64, size: u32 },
 }
 
 /// Milliseconds since the Unix epoch.
@@ -236,9 +243,10 @@ impl Inner {
         self.lookup(&stripe, key, now_ms(), true)
     }
 
-    /// Reads one key if its value is cached and its stripe not held by a
-    /// background thread: Err names the record to prefetch on a miss, or
-    /// the stripe to wait for. Never waits for the device or for a
+    /// Reads one key if its value is cached and neither its stripe nor a
+    /// cache part of its value's pages is held by a background thread:
+    /// Err names the record to prefetch on a miss or a held part, or the
+    /// stripe to wait for. Never waits for the device or for a
     /// background thread's lock (another request's, briefly).
     fn read_cached(&self, key: &[u8]) -> Result<Result<Option<Found>, Prefetch>, EngineError> {
         self.check_key(key)?;
@@ -254,15 +262,14 @@ impl Inner {
         let Some(Found { loc, .. }) = self.lookup(&stripe, key, now_ms(), false)? else {
             return Ok(Ok(None));
         };
-        match self.vlog.read_cached(loc.addr, loc.size)? {
-            Some(buf) => {
+        let (addr, size) = (loc.addr, loc.size);
+        match self.vlog.read_cached(addr, size)? {
+            (CachedRead::Hit, buf) => {
                 let value = Some(self.decode_value(key, &loc, &buf)?);
                 Ok(Ok(Some(Found { loc, value })))
             }
-            None => Ok(Err(Prefetch(Need::Read {
-                addr: loc.addr,
-                size: loc.size,
-            }))),
+            (CachedRead::Miss, _) => Ok(Err(Prefetch(Need::Read { addr, size }))),
+            (CachedRead::Busy, _) => Ok(Err(Prefetch(Need::Part { addr, size }))),
         }
     }
 
@@ -417,8 +424,9 @@ impl Engine {
         string(found)
     }
 
-    /// GET if the value is in the page cache and the key's index stripe
-    /// not held by a background thread; otherwise what to
+    /// GET if the value is in the page cache and neither the key's index
+    /// stripe nor its value's cache parts are held by a background thread;
+    /// otherwise what to
     /// [`Engine::prefetch`] before GET finds them so. Never waits for the
     /// device or for a background job's lock, so an event loop serving many
     /// clients can hand the wait to a thread that may.
@@ -437,7 +445,9 @@ impl Engine {
     /// taken again: then the retried request misses or waits once more.
     pub fn prefetch(&self, p: &Prefetch) -> Result<(), EngineError> {
         match p.0 {
-            Need::Read { addr, size } => self.inner.vlog.prefetch(addr, size),
+            Need::Read { addr, size } | Need::Part { addr, size } => {
+                self.inner.vlog.prefetch(addr, size)
+            }
             Need::Stripe(s) => {
                 drop(self.inner.index.lock(s));
                 Ok(())

@@ -34,7 +34,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use critio::cache::{FileId, PageCache, ReadThrough};
+use critio::cache::{CachedRead, FileId, PageCache, ReadThrough};
 use critio::sync::{Condvar, Mutex, SyncOptions};
 
 use super::record::{self, Decoded, Record, PAD_BYTES};
@@ -454,14 +454,19 @@ impl Vlog {
         Ok(buf)
     }
 
-    /// The record of `size` bytes at `addr` if every page of it is cached
-    /// (never waits for the device); None on a miss.
-    pub(crate) fn read_cached(&self, addr: u64, size: u32) -> Result<Option<Vec<u8>>, EngineError> {
+    /// The record of `size` bytes at `addr`, if the cache has every page
+    /// of it and no background thread holds their parts (never waits for
+    /// the device or for background work; see [`PageCache::read_cached`]).
+    pub(crate) fn read_cached(
+        &self,
+        addr: u64,
+        size: u32,
+    ) -> Result<(CachedRead, Vec<u8>), EngineError> {
         let mut buf = vec![0u8; size as usize];
-        let hit = self
+        let found = self
             .cache
             .read_cached(self.file, addr % self.region, &mut buf)?;
-        Ok(hit.then_some(buf))
+        Ok((found, buf))
     }
 
     /// Loads the pages of the record at `addr` into the cache.

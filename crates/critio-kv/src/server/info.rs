@@ -431,6 +431,7 @@ fn cache(s: &Shared, out: &mut String) {
     kv(out, "cache_writeback_errors", c.writeback_errors);
     kv(out, "cache_discarded", c.discarded);
     kv(out, "cache_written_around_pages", c.written_around_pages);
+    kv(out, "cache_busy", c.busy);
 }
 
 fn log(s: &Shared, out: &mut String) {

@@ -172,8 +172,8 @@ pub(crate) struct Stats {
     /// GETs that missed the page cache and parked their connection while
     /// a miss reader loaded the value.
     pub reads_parked: AtomicU64,
-    /// Requests that found one of their keys' index stripes held by a
-    /// background thread and parked their
+    /// Requests that found one of their keys' index stripes, or a GET's
+    /// value's cache part, held by a background thread and parked their
     /// connection while a miss reader waited for it.
     pub parked_on_locks: AtomicU64,
     /// Where the workers' rounds spend their time (INFO `round_*`).

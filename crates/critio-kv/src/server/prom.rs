@@ -26,7 +26,7 @@
 //! | `wait_seconds`: every wait point's waits                | histogram | `point`, `class`  |
 //! | `inherit_boosts_total`, `inherit_revocations_total`, `inherit_resolutions_total` | counter | `kind` |
 //! | `inherit_helpers_dropped_total`, `inherit_chain_steps_total`, `inherit_chain_truncated_total`, `inherit_chain_cycles_total` | counter | |
-//! | `cache_hits_total`, `cache_misses_total`, `cache_throttled_total`, `cache_reclaims_total`, `cache_read_through_pages_total`, `cache_writeback_pages_total`, `cache_writeback_errors_total`, `cache_discarded_total`, `cache_written_around_pages_total` | counter | |
+//! | `cache_hits_total`, `cache_misses_total`, `cache_throttled_total`, `cache_reclaims_total`, `cache_read_through_pages_total`, `cache_writeback_pages_total`, `cache_writeback_errors_total`, `cache_discarded_total`, `cache_written_around_pages_total`, `cache_busy_total` | counter | |
 //! | `cache_capacity_bytes`, `cache_frames`, `cache_free_frames` | gauge |               |
 //! | `cache_dirty_pages`                                     | gauge     | `class`           |
 //! | `log_batches_total`, `log_committer_batches_total`, `log_records_total`, `log_written_bytes_total`, `log_truncations_total` | counter | |
@@ -493,6 +493,11 @@ fn cache(out: &mut Out, b: &Backend) -> fmt::Result {
             "cache_written_around_pages",
             "Pages written straight to the device, not kept (a dump).",
             c.written_around_pages,
+        ),
+        (
+            "cache_busy",
+            "Cached reads of an event loop handed to a miss reader: a background thread held the page's cache part.",
+            c.busy,
         ),
     ] {
         out.counter(name, help, None, v)?;
