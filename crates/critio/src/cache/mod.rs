@@ -448,10 +448,10 @@ impl PageCache {
     /// the part as its caller, making the holder critical meanwhile).
     ///
     /// A background holder keeps a part for as long as its work under the
-    /// lock takes, a wait for the CPU included (measured under a
-    /// BGREWRITEAOF loop on a real disk: up to 17 ms), and an event loop
-    /// that waited would stall every client it serves; a foreground
-    /// holder's (another request's page copy) is waited for.
+    /// lock takes, a wait for the CPU included (the part lock's wait point
+    /// shows how long requests waited there), and an event loop that
+    /// waited would stall every client it serves; a foreground holder's
+    /// (another request's page copy) is waited for.
     pub fn read_cached(
         &self,
         file: FileId,
