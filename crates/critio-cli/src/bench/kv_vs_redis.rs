@@ -39,6 +39,7 @@ use super::peers::{
 };
 use super::placement::Placement;
 use super::report::{Goal, Report, Table, Target};
+use super::runq::RunQueue;
 use super::stalls::{self, probed, Stalls};
 use super::BenchArgs;
 
@@ -122,6 +123,9 @@ struct Run {
     checkpoints: u64,
     /// The machine's stalls during the SET and the GET load.
     stalls: [Stalls; 2],
+    /// The server's event loops' run-queue wait during the SET and the
+    /// GET load, in ms per s ([`super::runq`]).
+    runq: [Option<f64>; 2],
 }
 
 impl Run {
@@ -166,7 +170,14 @@ fn run_peer(
         };
         let ckpt = checkpoints(&peer);
         let started = Instant::now();
-        let bench = |test, n| probed(|| benchmark(&peer, test, n, CLIENTS, size.keys, VALUE_BYTES));
+        let threads = request_threads(kind);
+        let bench = |test, n| {
+            let before = RunQueue::sample(peer.pid(), threads);
+            let out = probed(|| benchmark(&peer, test, n, CLIENTS, size.keys, VALUE_BYTES));
+            let after = RunQueue::sample(peer.pid(), threads);
+            let runq = before.zip(after).and_then(|(b, a)| b.ms_per_s(&a));
+            out.map(|(result, stalls)| (result, stalls, runq))
+        };
         let set = bench("set", size.set_requests);
         let get = bench("get", size.get_requests);
         let seconds = started.elapsed().as_secs_f64();
@@ -174,7 +185,7 @@ fn run_peer(
             Some(bg) => bg.stop()?,
             None => Rounds::default(),
         };
-        let ((set, set_stalls), (get, get_stalls)) = (set?, get?);
+        let ((set, set_stalls, set_runq), (get, get_stalls, get_runq)) = (set?, get?);
         runs.push(Run {
             kind,
             size: size.name,
@@ -185,11 +196,24 @@ fn run_peer(
             rounds,
             checkpoints: checkpoints(&peer).saturating_sub(ckpt),
             stalls: [set_stalls, get_stalls],
+            runq: [set_runq, get_runq],
         });
     }
     pb.finish_and_clear();
     peer.stop()?;
     Ok(runs)
+}
+
+/// The prefixes of the names of the server's event loops, the threads a
+/// wait of which every client they serve waits through: Redis's main
+/// thread, critio-kv's workers. critio-kv's miss readers are left out:
+/// each waits for one request, and summed over 16 of them their waits say
+/// more about how many there are than about any request's.
+fn request_threads(kind: Kind) -> &'static [&'static str] {
+    match kind {
+        Kind::Redis => &["redis-server"],
+        Kind::Critio(_) => &["kv-worker"],
+    }
 }
 
 fn find<'a>(runs: &'a [Run], kind: Kind, size: &str, background: bool) -> &'a Run {
@@ -216,10 +240,11 @@ fn latency_table(runs: &[Run], size: &Size) -> Table {
         ]
         .into_iter()
         .chain(stalls::COLUMNS)
+        .chain(["loop runq ms/s"])
         .collect::<Vec<_>>(),
     );
     for r in runs.iter().filter(|r| r.size == size.name) {
-        for (x, st) in [&r.set, &r.get].into_iter().zip(&r.stalls) {
+        for ((x, st), runq) in [&r.set, &r.get].into_iter().zip(&r.stalls).zip(r.runq) {
             let mut row = vec![
                 json!(r.kind.label()),
                 json!(if r.background { "background" } else { "alone" }),
@@ -231,6 +256,7 @@ fn latency_table(runs: &[Run], size: &Size) -> Table {
                 json!(x.max_ms),
             ];
             row.extend(st.cells());
+            row.push(json!(runq));
             t.row(row);
         }
     }
@@ -464,7 +490,10 @@ pub fn run(args: &BenchArgs) -> Result<Report, String> {
             dir.display(),
             args.placement.describe(),
             stalls::describe(runs.iter().flat_map(|r| &r.stalls)),
-        ),
+        )
+            + " loop runq ms/s: how long the server's event loops (Redis's main thread, \
+             critio-kv's workers) waited on a run queue, runnable but not running, per second \
+             of the load, summed over them (/proc/PID/task/TID/schedstat).",
         tables,
         targets: targets(&runs, redis.is_ok()),
     })

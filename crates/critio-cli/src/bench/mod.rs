@@ -22,6 +22,7 @@ mod real_device_mix;
 pub mod report;
 mod run_postgres;
 mod run_redis;
+mod runq;
 mod stalls;
 
 use std::path::{Path, PathBuf};
