@@ -170,11 +170,11 @@ fn run_peer(
         };
         let ckpt = checkpoints(&peer);
         let started = Instant::now();
-        let threads = request_threads(kind);
+        let loops = event_loops(kind);
         let bench = |test, n| {
-            let before = RunQueue::sample(peer.pid(), threads);
+            let before = RunQueue::sample(peer.pid(), loops);
             let out = probed(|| benchmark(&peer, test, n, CLIENTS, size.keys, VALUE_BYTES));
-            let after = RunQueue::sample(peer.pid(), threads);
+            let after = RunQueue::sample(peer.pid(), loops);
             let runq = before.zip(after).and_then(|(b, a)| b.ms_per_s(&a));
             out.map(|(result, stalls)| (result, stalls, runq))
         };
@@ -209,7 +209,7 @@ fn run_peer(
 /// thread, critio-kv's workers. critio-kv's miss readers are left out:
 /// each waits for one request, and summed over 16 of them their waits say
 /// more about how many there are than about any request's.
-fn request_threads(kind: Kind) -> &'static [&'static str] {
+fn event_loops(kind: Kind) -> &'static [&'static str] {
     match kind {
         Kind::Redis => &["redis-server"],
         Kind::Critio(_) => &["kv-worker"],
