@@ -150,10 +150,7 @@ impl Index {
     /// background job's, boosted or not): worth a request's parking rather
     /// than its worker's wait. False if it is free by now.
     pub(crate) fn held_by_background(&self, s: usize) -> bool {
-        self.stripes[s]
-            .owner()
-            .and_then(critio::context::lookup)
-            .is_some_and(|t| !t.is_foreground())
+        self.stripes[s].held_by_background()
     }
 
     /// Keys in the index (expired ones not yet dropped included).

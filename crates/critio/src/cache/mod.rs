@@ -878,9 +878,7 @@ impl Inner {
         if let Some(core) = part.try_lock() {
             return Some(core);
         }
-        let background =
-            (part.owner().and_then(context::lookup)).is_some_and(|t| !t.is_foreground());
-        (!background).then(|| part.lock())
+        (!part.held_by_background()).then(|| part.lock())
     }
 
     /// Copies `dst.len()` bytes at `in_page` of `key`'s page into `dst` if

@@ -210,6 +210,14 @@ impl<T> Mutex<T> {
         (s & LOCKED != 0).then(|| owner_of(s))
     }
 
+    /// Whether a task that is not foreground holds the lock (a background
+    /// thread's hold, boosted or not): one worth handing a request's wait
+    /// to a thread that may wait, rather than waiting in an event loop.
+    /// False if it is free, or held by a foreground task.
+    pub fn held_by_background(&self) -> bool {
+        (self.owner().and_then(context::lookup)).is_some_and(|t| !t.is_foreground())
+    }
+
     /// Whether the lock is held.
     pub fn is_locked(&self) -> bool {
         self.owner().is_some()
