@@ -432,6 +432,7 @@ fn cache(s: &Shared, out: &mut String) {
     kv(out, "cache_discarded", c.discarded);
     kv(out, "cache_written_around_pages", c.written_around_pages);
     kv(out, "cache_busy", c.busy);
+    kv(out, "cache_prefaulted_bytes", c.prefaulted_bytes);
 }
 
 fn log(s: &Shared, out: &mut String) {

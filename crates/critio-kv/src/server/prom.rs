@@ -27,7 +27,7 @@
 //! | `inherit_boosts_total`, `inherit_revocations_total`, `inherit_resolutions_total` | counter | `kind` |
 //! | `inherit_helpers_dropped_total`, `inherit_chain_steps_total`, `inherit_chain_truncated_total`, `inherit_chain_cycles_total` | counter | |
 //! | `cache_hits_total`, `cache_misses_total`, `cache_throttled_total`, `cache_reclaims_total`, `cache_read_through_pages_total`, `cache_writeback_pages_total`, `cache_writeback_errors_total`, `cache_discarded_total`, `cache_written_around_pages_total`, `cache_busy_total` | counter | |
-//! | `cache_capacity_bytes`, `cache_frames`, `cache_free_frames` | gauge |               |
+//! | `cache_capacity_bytes`, `cache_frames`, `cache_free_frames`, `cache_prefaulted_bytes` | gauge |               |
 //! | `cache_dirty_pages`                                     | gauge     | `class`           |
 //! | `log_batches_total`, `log_committer_batches_total`, `log_records_total`, `log_written_bytes_total`, `log_truncations_total` | counter | |
 //! | `log_used_bytes`, `log_capacity_bytes`, `log_poisoned`, `vlog_live_bytes`, `vlog_used_bytes`, `vlog_capacity_bytes` | gauge | |
@@ -451,6 +451,12 @@ fn cache(out: &mut Out, b: &Backend) -> fmt::Result {
         "Page cache frames holding no page now.",
         None,
         c.free_frames,
+    )?;
+    out.gauge(
+        "cache_prefaulted",
+        "Page cache memory backed ahead of its first use so far (cache.prefault).",
+        Some(&Unit::Bytes),
+        c.prefaulted_bytes,
     )?;
     for (name, help, v) in [
         (

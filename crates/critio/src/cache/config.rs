@@ -49,6 +49,13 @@ pub struct CacheConfig {
     /// a power of two from 1 to 64. At most 1024, and each part holds at
     /// least 16 frames.
     pub shards: u32,
+    /// Back the frames with memory ahead of their first use, in a
+    /// background thread started with the cache (`prefault.rs`): a first
+    /// write to a frame otherwise faults in and zeroes its memory (a 2 MiB
+    /// huge page at once) in whichever thread brought a page in, a
+    /// request's as often as not. The process then holds the cache's whole
+    /// memory soon after start. Default: on.
+    pub prefault: bool,
 }
 
 impl Default for CacheConfig {
@@ -66,6 +73,7 @@ impl Default for CacheConfig {
             writeback_inflight: 16,
             clean_bytes_max: 0,
             shards: 0,
+            prefault: true,
         }
     }
 }

@@ -166,7 +166,10 @@ pub(crate) struct Frames {
 impl Frames {
     /// `count` free frames of `page_bytes`. The bytes are one zeroed
     /// allocation, so a large cache costs no time to create and no memory
-    /// until its pages are used.
+    /// until its pages are used (or `prefault.rs` populates them). The page
+    /// map is sized for every frame at once: grown as the cache fills, each
+    /// doubling would rehash every entry under the part's lock, in
+    /// whichever thread brought the page in (a request's, often).
     #[cfg(test)]
     pub(crate) fn new(count: usize, page_bytes: usize) -> Self {
         Self::with_shared(count, page_bytes, Arc::default())
@@ -202,7 +205,7 @@ impl Frames {
             arena: vec![0u8; bytes].into_boxed_slice(),
             page: page_bytes,
             lists,
-            map: PageMap::default(),
+            map: PageMap::with_capacity_and_hasher(count, Default::default()),
             unflushed: BTreeSet::new(),
             dirty: [0; 2],
             shared_dirty,
@@ -237,6 +240,13 @@ impl Frames {
 
     pub(crate) fn frame(&self, i: usize) -> &Frame {
         &self.frames[i]
+    }
+
+    /// Where the frames' bytes are, as an address and a length, for
+    /// populating them ahead of use (`prefault.rs`). The allocation never
+    /// moves: it is a boxed slice the frames own until they are dropped.
+    pub(crate) fn arena_span(&self) -> (usize, usize) {
+        (self.arena.as_ptr() as usize, self.arena.len())
     }
 
     /// The bytes of frame `i`.

@@ -34,6 +34,11 @@
 //! Dirty counts are summed across parts in atomics, so
 //! throttling decisions take no lock.
 //!
+//! A part's frames are one zeroed allocation the kernel backs with memory
+//! lazily; a background thread backs them ahead of use (`prefault.rs`,
+//! `cache.prefault`), so the first write to a frame does not fault in and
+//! zero a huge page in a request's thread.
+//!
 //! Writeback writes a *copy* of each page, so readers never wait for it and
 //! writers re-dirty freely; only a second write of the same page waits for
 //! the first (writes to one place stay ordered).
@@ -48,6 +53,7 @@ mod config;
 mod core;
 mod list;
 mod pending;
+mod prefault;
 mod throttle;
 mod writeback;
 
@@ -63,6 +69,7 @@ pub use throttle::THROTTLE_POINT;
 
 use self::core::{Alloc, Frames, PageKey, State};
 use self::pending::PendingIo;
+use self::prefault::Prefault;
 use self::throttle::Throttle;
 use crate::block::{BlockError, BlockLayer};
 use crate::class::Class;
@@ -228,6 +235,8 @@ struct WbState {
 
 #[derive(Default)]
 struct Counters {
+    /// Bytes of frames `prefault.rs` backed.
+    prefaulted_bytes: AtomicU64,
     hits: AtomicU64,
     misses: AtomicU64,
     throttled: AtomicU64,
@@ -270,6 +279,9 @@ pub(crate) struct Inner {
 pub struct PageCache {
     inner: Arc<Inner>,
     writeback: Option<JoinHandle<()>>,
+    /// Backing the frames ahead of use (`cache.prefault`); dropped, so
+    /// stopped, before the frames are.
+    prefault: Option<Prefault>,
 }
 
 /// What [`PageCache::read_cached`] found.
@@ -309,6 +321,10 @@ pub struct CacheStats {
     /// [`PageCache::read_cached`] calls that found a part a background
     /// thread held ([`CachedRead::Busy`]).
     pub busy: u64,
+    /// Bytes of frames backed with memory ahead of use so far
+    /// (`cache.prefault`; it ends at the cache's size, less a part's
+    /// partial pages, a few seconds after start).
+    pub prefaulted_bytes: u64,
     /// Dirty pages of critical writers now.
     pub dirty_critical: usize,
     /// Dirty pages of non-critical writers now.
@@ -339,6 +355,7 @@ impl PageCache {
             name: PART_LOCK_POINT,
             ..sync.clone()
         };
+        let mut spans = Vec::with_capacity(count);
         let shards = (0..count)
             .map(|s| {
                 // The remainder's frames go one each to the first parts.
@@ -348,6 +365,7 @@ impl PageCache {
                     let clean = cfg.clean_bytes_max / page as u64;
                     frames.set_clean_max((clean as usize).div_ceil(count));
                 }
+                spans.push(frames.arena_span());
                 PartLock::with_options(Core { frames }, part_lock.clone())
             })
             .collect();
@@ -377,9 +395,11 @@ impl PageCache {
                 .spawn(move || inner.writeback_loop())
                 .expect("cannot spawn the writeback thread")
         };
+        let prefault = cfg.prefault.then(|| Prefault::start(inner.clone(), spans));
         Ok(Self {
             inner,
             writeback: Some(writeback),
+            prefault,
         })
     }
 
@@ -808,6 +828,7 @@ impl PageCache {
             writeback_errors: c.writeback_errors.load(Ordering::Relaxed),
             discarded: c.discarded.load(Ordering::Relaxed),
             busy: c.busy.load(Ordering::Relaxed),
+            prefaulted_bytes: c.prefaulted_bytes.load(Ordering::Relaxed),
             written_around_pages: c.written_around_pages.load(Ordering::Relaxed),
             dirty_critical: self.inner.dirty(Class::Critical),
             dirty_noncritical: self.inner.dirty(Class::NonCritical),
@@ -831,6 +852,7 @@ impl PageCache {
 
 impl Drop for PageCache {
     fn drop(&mut self) {
+        drop(self.prefault.take());
         self.inner.wb.lock().shutdown = true;
         self.inner.wb_cv.notify_all();
         if let Some(t) = self.writeback.take() {
@@ -1220,6 +1242,53 @@ mod tests {
         cache.write(f, 0, &[7; 4096]).unwrap();
         cache.flush_file(f).unwrap();
         (cache, f)
+    }
+
+    /// With `cache.prefault` (the default) a background thread backs every
+    /// part's frames with memory soon after the cache is made, beside a
+    /// writer, whose page it leaves as written; with it off, nothing is
+    /// backed ahead.
+    #[test]
+    fn the_frames_are_backed_ahead_of_use_unless_prefault_is_off() {
+        let page = rustix::param::page_size();
+        let probe = vec![0u8; 4 * page];
+        let at = (probe.as_ptr() as usize).next_multiple_of(page);
+        if crate::sys::populate_write(at, page).is_err() {
+            return; // a kernel before 5.14: the thread stops at once
+        }
+        let make = |prefault| {
+            let dev = Arc::new(MemDevice::new(8 << 20));
+            let block = Arc::new(BlockLayer::new(dev, BlockConfig::default()).unwrap());
+            let cfg = CacheConfig {
+                capacity_bytes: 8 << 20,
+                shards: 4,
+                prefault,
+                ..CacheConfig::default()
+            };
+            PageCache::new(block, cfg, &SyncConfig::default()).unwrap()
+        };
+        let cache = make(true);
+        let f = cache.add_file("f", 0, 8 << 20).unwrap();
+        cache.write(f, 4096, &[9; 4096]).unwrap();
+        // Each part may lose a partial page at either end of its frames.
+        let least = (8 << 20) - 2 * 4 * page as u64;
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while cache.stats().prefaulted_bytes < least && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let backed = cache.stats().prefaulted_bytes;
+        assert!(
+            (least..=8 << 20).contains(&backed),
+            "{backed} bytes backed of 8 MiB"
+        );
+        let mut out = [0u8; 4096];
+        cache.read(f, 4096, &mut out).unwrap();
+        assert_eq!(out, [9; 4096]);
+        drop(cache);
+
+        let lazy = make(false);
+        std::thread::sleep(Duration::from_millis(50));
+        assert_eq!(lazy.stats().prefaulted_bytes, 0);
     }
 
     /// A background task holding a part's lock (a scan's page copy, a

@@ -27,6 +27,7 @@
 //! | `prio` | [`IoPriority`], [`ClassPriorities`], the thread functions     |
 //! | `disk` | the disk under a path: name, I/O scheduler, queue depth (sysfs) |
 //! | `schedstat` | a thread's run and run-queue wait times (procfs), for the CPU floor |
+//! | `raw::populate_write` | memory backed ahead of its first write (`madvise`), for the cache |
 //!
 //! `raw` is one of the two places in critio with `unsafe` (the other is
 //! `device::uring`, which hands the kernel buffers in SQEs); each `unsafe`
@@ -35,11 +36,11 @@
 
 mod disk;
 mod prio;
-#[allow(unsafe_code)] // the ioprio system calls (`libc::syscall`), sched_setscheduler
+#[allow(unsafe_code)] // the ioprio system calls (`libc::syscall`), sched_setscheduler, madvise
 mod raw;
 mod schedstat;
 
-pub use raw::{set_thread_policy, thread_policy, SchedPolicy};
+pub use raw::{populate_write, set_thread_policy, thread_policy, SchedPolicy};
 
 pub use disk::{active_scheduler, disk_of, Disk};
 pub use prio::{

@@ -1,5 +1,7 @@
-//! Raw system calls that neither `io-uring` nor `rustix` wrap: the
-//! per-thread I/O priority (`ioprio_set(2)`, `ioprio_get(2)`).
+//! Raw system calls, made through `libc`: the
+//! per-thread I/O priority (`ioprio_set(2)`, `ioprio_get(2)`), the
+//! scheduling policy, and populating memory ahead of its first write
+//! (`madvise(2)`, for the page cache's frames).
 //!
 //! An I/O priority is a 16-bit value, the class in the top 3 bits and the
 //! level (0 = highest) in the low bits:
@@ -120,6 +122,26 @@ pub fn set_thread_policy(tid: i32, policy: SchedPolicy) -> io::Result<()> {
     // `sched_param` that lives on this stack for the whole call and writes
     // no memory of this process; failure is -1/errno, checked below.
     let rc = unsafe { libc::sched_setscheduler(tid, policy, &param) };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Backs the pages of `[addr, addr + len)` with memory now, as a write to
+/// each would, without writing: `madvise(MADV_POPULATE_WRITE)` (Linux
+/// 5.14+; older kernels answer `EINVAL`). Anonymous memory not yet touched
+/// is allocated and zeroed by the kernel here, in the calling thread,
+/// instead of at its first write; pages already there keep their contents.
+/// `addr` must be page-aligned.
+pub fn populate_write(addr: usize, len: usize) -> io::Result<()> {
+    // SAFETY: MADV_POPULATE_WRITE changes no byte of this process's memory
+    // (it faults in pages that are missing, which for anonymous memory read
+    // as zero either way, and leaves present pages as they are), so no
+    // Rust reference to the range, even one another thread writes through
+    // meanwhile, sees a change. The kernel checks the range itself: an
+    // unmapped part is ENOMEM, an unaligned `addr` EINVAL, both returned.
+    let rc = unsafe { libc::madvise(addr as *mut libc::c_void, len, libc::MADV_POPULATE_WRITE) };
     if rc < 0 {
         return Err(io::Error::last_os_error());
     }
