@@ -254,8 +254,15 @@ fn describe_settings(
             from(s == base.critio.context.background_cpu_min_share)
         ),
     };
+    // The cache's memory: backed by a background thread at start
+    // (`cache.prefault`), or by each frame's first write.
+    let backed = if f.critio.cache.prefault {
+        "memory backed at start"
+    } else {
+        "memory backed as first used"
+    };
     format!(
-        "critio-kv: page cache {} MiB ({}), checkpoint every {} ms ({}), background I/O at the device {} ({}), {cut} ({cut_from}), background CPU nice {} ({}){floor}, request workers {} ({}), cache-miss readers {} ({})",
+        "critio-kv: page cache {} MiB ({}; {backed}), checkpoint every {} ms ({}), background I/O at the device {} ({}), {cut} ({cut_from}), background CPU nice {} ({}){floor}, request workers {} ({}), cache-miss readers {} ({})",
         cache >> 20,
         from(cache == base.critio.cache.capacity_bytes),
         f.engine.checkpoint_interval_ms,
@@ -448,13 +455,15 @@ mod tests {
                 .unwrap();
         let every = FileConfig::from_toml_str_over("[engine]\ncheckpoint_interval_ms = 250", &file)
             .unwrap();
+        let lazy = FileConfig::from_toml_str_over("[cache]\nprefault = false", &file).unwrap();
         use DeviceKind::{File, Sim};
-        let cases: [(&FileConfig, DeviceKind, Scheme, &[&str]); 7] = [
+        let cases: [(&FileConfig, DeviceKind, Scheme, &[&str]); 8] = [
             (
                 &file,
                 File,
                 Scheme::Rcp,
                 &[
+                    "memory backed at start",
                     "adaptive (up to 32) (real-device default)",
                     "bulk background requests at most 128 KiB (real-device default)",
                     "background CPU nice +10 over the server's own (real-device default)",
@@ -504,6 +513,7 @@ mod tests {
                 Scheme::Rcp,
                 &["checkpoint every 250 ms (from --config)"],
             ),
+            (&lazy, File, Scheme::Rcp, &["memory backed as first used"]),
         ];
         for (f, kind, scheme, want) in cases {
             let base = if kind == Sim { &sim } else { &file };

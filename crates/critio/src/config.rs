@@ -35,6 +35,7 @@
 //! critical_dirty_pct = 20.0
 //! noncritical_dirty_pct = 1.0
 //! clean_bytes_max = 0      # 0: clean pages may use the whole cache
+//! prefault = true          # back the cache's memory at start, in a background thread
 //!
 //! [log]
 //! region_offset_bytes = 0        # where the write-ahead log lives on the device
