@@ -2,7 +2,8 @@
 //! and `ioprio_get(2)` system calls, and the typed priorities critio hands
 //! the kernel for each class; and the thread's scheduling policy
 //! (`sched_setscheduler(2)`), which `context` sets for the lock ceiling
-//! and the background's idle policy.
+//! and the background's idle policy (and `critio bench`'s stall probe, one
+//! real-time level above the ceiling).
 //!
 //! Two layers hand a class to the kernel as an I/O priority: `device`
 //! (the `uring` backend in each request's SQE, the `pool` backend's
@@ -40,7 +41,10 @@ mod prio;
 mod raw;
 mod schedstat;
 
-pub use raw::{populate_write, set_thread_policy, thread_policy, SchedPolicy};
+pub use raw::{
+    populate_write, set_thread_fifo, set_thread_policy, thread_policy, SchedPolicy,
+    CEILING_RT_PRIORITY,
+};
 
 pub use disk::{active_scheduler, disk_of, Disk};
 pub use prio::{

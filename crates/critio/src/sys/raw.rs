@@ -104,17 +104,29 @@ pub enum SchedPolicy {
 /// The real-time priority a thread at the lock ceiling runs at (the
 /// lowest real-time level: above every normal thread, below anything the
 /// administrator made real-time).
-const CEILING_RT_PRIORITY: libc::c_int = 1;
+pub const CEILING_RT_PRIORITY: i32 = 1;
 
 /// Puts thread `tid` (0: the calling thread) under `policy`. Its nice
 /// value is kept (the kernel stores it apart from the policy).
 pub fn set_thread_policy(tid: i32, policy: SchedPolicy) -> io::Result<()> {
-    let (policy, priority) = match policy {
-        SchedPolicy::Normal => (libc::SCHED_OTHER, 0),
-        SchedPolicy::Idle => (libc::SCHED_IDLE, 0),
-        SchedPolicy::Realtime => (libc::SCHED_FIFO, CEILING_RT_PRIORITY),
-        SchedPolicy::Other => return Err(io::Error::from(io::ErrorKind::InvalidInput)),
-    };
+    match policy {
+        SchedPolicy::Normal => set_scheduler(tid, libc::SCHED_OTHER, 0),
+        SchedPolicy::Idle => set_scheduler(tid, libc::SCHED_IDLE, 0),
+        SchedPolicy::Realtime => set_thread_fifo(tid, CEILING_RT_PRIORITY),
+        SchedPolicy::Other => Err(io::Error::from(io::ErrorKind::InvalidInput)),
+    }
+}
+
+/// Puts thread `tid` (0: the calling thread) in `SCHED_FIFO` at real-time
+/// `priority` (1..=99); [`SchedPolicy::Realtime`] is this at
+/// [`CEILING_RT_PRIORITY`]. A thread above the ceiling preempts critio's
+/// ceiling sections too (a probe that must see only what is above the
+/// process, the host and the kernel).
+pub fn set_thread_fifo(tid: i32, priority: i32) -> io::Result<()> {
+    set_scheduler(tid, libc::SCHED_FIFO, priority)
+}
+
+fn set_scheduler(tid: i32, policy: libc::c_int, priority: libc::c_int) -> io::Result<()> {
     let param = libc::sched_param {
         sched_priority: priority,
     };
@@ -160,4 +172,33 @@ pub fn thread_policy(tid: i32) -> io::Result<SchedPolicy> {
         rc if rc < 0 => return Err(io::Error::last_os_error()),
         _ => SchedPolicy::Other,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A thread set to `SCHED_FIFO` at a priority runs there (read back
+    /// from the kernel), and leaves it for the fair scheduler.
+    #[test]
+    fn a_thread_goes_real_time_above_the_ceiling_and_back() {
+        std::thread::spawn(|| {
+            match set_thread_fifo(0, CEILING_RT_PRIORITY + 1) {
+                // No CAP_SYS_NICE nor RLIMIT_RTPRIO here: nothing to check.
+                Err(e) if e.raw_os_error() == Some(libc::EPERM) => return,
+                r => r.unwrap(),
+            }
+            assert_eq!(thread_policy(0).unwrap(), SchedPolicy::Realtime);
+            let mut param = libc::sched_param { sched_priority: 0 };
+            // SAFETY: `sched_getparam(0, &mut param)` writes one
+            // `sched_param` that lives on this stack for the whole call.
+            let rc = unsafe { libc::sched_getparam(0, &mut param) };
+            assert_eq!(rc, 0, "{}", io::Error::last_os_error());
+            assert_eq!(param.sched_priority, CEILING_RT_PRIORITY + 1);
+            set_thread_policy(0, SchedPolicy::Normal).unwrap();
+            assert_eq!(thread_policy(0).unwrap(), SchedPolicy::Normal);
+        })
+        .join()
+        .unwrap();
+    }
 }
