@@ -9,8 +9,8 @@
 //! it wakes within tens of microseconds whatever the load. It runs one
 //! level above critio's lock ceiling ([`critio::sys::CEILING_RT_PRIORITY`]),
 //! so a critio-kv thread in a ceiling section does not hold it off either
-//! (at the same level, first in first out, it did: such a section counted
-//! as a stall of the machine). When it is
+//! (at the same level, first in first out, one could: such a section would
+//! count as a stall of the machine). When it is
 //! milliseconds late, something above every normal thread held its CPU:
 //! on a virtual machine, most often the host (the virtual CPUs were not
 //! running: the host ran something else, or throttled the guest), or

@@ -12,7 +12,7 @@
 //! touches it, and while the cache fills that is often a request (an
 //! append's new page, a miss's load): SETs of critio-kv on a real file,
 //! with a 1 GiB cache filling, took those 3 ms about once per thousand,
-//! which was their p99.9.
+//! which was the p99.9 of its worker's rounds (INFO `round_run`).
 //!
 //! So a background thread (`critio-prefault`) asks the kernel to back the
 //! frames ahead of use, then exits:
