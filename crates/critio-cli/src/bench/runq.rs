@@ -3,7 +3,8 @@
 //!
 //! The kernel keeps, for each thread, the time it ran and the time it
 //! waited on a run queue, runnable but not running
-//! (`/proc/PID/task/TID/schedstat`: `run_ns wait_ns slices`). Summed over
+//! (`/proc/PID/task/TID/schedstat`, the same as `/proc/TID/schedstat`, which
+//! `critio::sys::thread_cpu_times` reads: `run_ns wait_ns slices`). Summed over
 //! the threads named (`kv-vs-redis` names the event loops: Redis's main
 //! thread, critio-kv's workers) and divided by the load's length, it
 //! tells how much of the requests' time went to waiting for a CPU rather
@@ -26,7 +27,7 @@ use std::time::Instant;
 #[derive(Clone, Debug)]
 pub struct RunQueue {
     /// Nanoseconds waited so far, by thread id.
-    waits: HashMap<u32, u64>,
+    waits: HashMap<i32, u64>,
     at: Instant,
 }
 
@@ -49,11 +50,8 @@ impl RunQueue {
             if !names.iter().any(|n| comm.trim_end().starts_with(n)) {
                 continue;
             }
-            if let Some(wait) = std::fs::read_to_string(path.join("schedstat"))
-                .ok()
-                .and_then(|s| wait_ns(&s))
-            {
-                waits.insert(tid, wait);
+            if let Ok(t) = critio::sys::thread_cpu_times(tid) {
+                waits.insert(tid, t.wait_ns);
             }
         }
         Some(Self { waits, at })
@@ -76,21 +74,9 @@ impl RunQueue {
     }
 }
 
-/// The run-queue wait in a schedstat line (`run_ns wait_ns slices`).
-fn wait_ns(schedstat: &str) -> Option<u64> {
-    schedstat.split_whitespace().nth(1)?.parse().ok()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_wait_is_schedstats_second_field() {
-        assert_eq!(wait_ns("10148811 5234567 42\n"), Some(5234567));
-        assert_eq!(wait_ns("10148811\n"), None);
-        assert_eq!(wait_ns(""), None);
-    }
 
     #[test]
     fn waits_of_threads_in_both_samples_are_summed_per_second() {
