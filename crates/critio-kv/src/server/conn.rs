@@ -121,6 +121,14 @@ impl Conn {
 
     /// Reads what the socket has (at most [`READ_ROUND_MAX`]); notes the
     /// end of input (the complete requests before it still run).
+    ///
+    /// A read that fills less than the room it was given took everything
+    /// the socket held, so it is the last: the worker's epoll is
+    /// level-triggered and reports the socket again if more has arrived
+    /// (or the peer has closed). Reading on until the socket said
+    /// `EAGAIN` cost about every request a second `read`: under a GET load
+    /// (20 clients) the worker made 3.1 system calls per GET, 1.8 of them
+    /// reads; 2.5 with 0.9 reads after (`perf stat -e raw_syscalls:...`).
     pub(crate) fn read_available(&mut self, shared: &Shared) -> io::Result<()> {
         let mut total = 0;
         while total < READ_ROUND_MAX && !self.closing && !self.eof {
@@ -133,6 +141,7 @@ impl Conn {
             // read (and again for the read that finds the socket empty) was
             // 5% of the worker's time under a 1 KiB SET load.
             self.input.reserve(want);
+            let room = self.input.capacity() - len;
             let read = rustix::io::read(&self.stream, spare_capacity(&mut self.input));
             let n = match read {
                 Ok(n) => n,
@@ -149,6 +158,9 @@ impl Conn {
             }
             total += n;
             self.last_active = Instant::now();
+            if n < room {
+                break;
+            }
         }
         Stats::add(&shared.stats.net_input_bytes, total as u64);
         Ok(())
