@@ -441,7 +441,8 @@ impl Inner {
     /// the last record of each key wins (a deletion removes it).
     fn load_index(&self, (tail, head): (u64, u64)) -> Result<(), EngineError> {
         let (mut live, mut keys) = (0i64, 0i64);
-        self.vlog.scan(tail, head, |addr, r, size| {
+        self.vlog.scan(tail, head, |addr, r, stored| {
+            let size = stored.len() as u32;
             match r.kind {
                 KIND_FLUSHALL => {
                     for s in 0..super::index::STRIPES {

@@ -34,7 +34,6 @@ use critio::context;
 use super::checkpoint::JobProgress;
 use super::index::{Index, Loc};
 use super::ops::{now_ms, Held};
-use super::record::{self, Record};
 use super::vlog::{Flow, Who};
 use super::{EngineError, Inner};
 
@@ -107,12 +106,13 @@ impl Inner {
         if let Some(p) = progress {
             p.set_total(upto.min(head).saturating_sub(from), keys);
         }
-        let reached = self.vlog.scan(from, head, |addr, r, size| {
+        let reached = self.vlog.scan(from, head, |addr, r, stored| {
             if addr >= upto || self.closing.load(std::sync::atomic::Ordering::SeqCst) {
                 return Ok(Flow::Stop);
             }
+            let size = stored.len() as u32;
             if r.is_value() {
-                batch.push(addr, &r, size);
+                batch.push(addr, r.key, stored);
             }
             done.bytes += u64::from(size);
             if batch.full() {
@@ -281,14 +281,15 @@ struct Batch {
 }
 
 impl Batch {
-    fn push(&mut self, addr: u64, r: &Record<'_>, size: u32) {
-        let mut bytes = Vec::with_capacity(size as usize);
-        record::encode(r, &mut bytes);
-        self.bytes += bytes.len();
+    /// A record of `key` at `addr`, whose bytes as stored are `stored`: a
+    /// record holds no address, so its copy is those bytes (not encoded
+    /// again, which computed its checksum a second time).
+    fn push(&mut self, addr: u64, key: &[u8], stored: &[u8]) {
+        self.bytes += stored.len();
         self.records.push(Candidate {
             addr,
-            key: r.key.to_vec(),
-            bytes,
+            key: key.to_vec(),
+            bytes: stored.to_vec(),
         });
     }
 

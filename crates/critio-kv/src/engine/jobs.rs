@@ -236,7 +236,7 @@ impl Inner {
             size: DumpSize::default(),
         };
         let progress = &self.progress[0]; // its totals set as it began
-        self.vlog.scan(from, to, |addr, r, size| {
+        self.vlog.scan(from, to, |addr, r, stored| {
             if r.is_value() {
                 let then = self
                     .index
@@ -246,7 +246,7 @@ impl Inner {
                     w.entry(r.key, r.kind, r.expire_at_ms, r.value)?;
                 }
             }
-            progress.advance(addr + u64::from(size) - from, w.size.keys);
+            progress.advance(addr + stored.len() as u64 - from, w.size.keys);
             Ok(Flow::Continue)
         })?;
         w.finish()

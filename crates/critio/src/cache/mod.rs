@@ -599,19 +599,20 @@ impl PageCache {
         len: usize,
     ) -> Result<ReadThrough, CacheError> {
         let pages = self.inner.pages(file, offset, len)?;
-        let mut out = vec![0u8; len];
+        // Built as it goes, not zeroed first: only a missing page's bytes
+        // are zeros until its read ends (a scan's chunk is 1 MiB, and
+        // zeroing it was a tenth of a BGSAVE's CPU time in `perf`).
+        let mut out = Vec::with_capacity(len);
         let mut missing: Vec<(PageKey, usize, usize, usize)> = Vec::new();
-        let mut done = 0;
         for &(key, in_page, n) in &pages {
+            let done = out.len();
             // One page per lock hold: a long scan never holds the cache.
-            if !self
-                .inner
-                .copy_cached(key, in_page, &mut out[done..done + n], false)
-            {
+            if !self.inner.append_cached(key, in_page, n, &mut out) {
+                out.resize(done + n, 0);
                 missing.push((key, in_page, n, done));
             }
-            done += n;
         }
+        debug_assert_eq!(out.len(), len);
         let counters = &self.inner.counters;
         counters
             .hits
@@ -903,15 +904,29 @@ impl Inner {
         (!part.held_by_background()).then(|| part.lock())
     }
 
-    /// Copies `dst.len()` bytes at `in_page` of `key`'s page into `dst` if
-    /// the page is cached and loaded (one lock hold); marks it used if
-    /// `touch` (a scan leaves the replacement order alone). False: not
-    /// cached, nothing copied.
-    fn copy_cached(&self, key: PageKey, in_page: usize, dst: &mut [u8], touch: bool) -> bool {
-        Self::copy_from(&mut self.shard(key).lock(), key, in_page, dst, touch)
+    /// Appends `n` bytes at `in_page` of `key`'s page to `out` if the page
+    /// is cached and loaded (one lock hold), without marking it used (a
+    /// scan leaves the replacement order alone). False: not cached,
+    /// nothing appended.
+    fn append_cached(&self, key: PageKey, in_page: usize, n: usize, out: &mut Vec<u8>) -> bool {
+        let core = self.shard(key).lock();
+        let Some(i) = Self::loaded(&core, key) else {
+            return false;
+        };
+        out.extend_from_slice(&core.frames.data(i)[in_page..in_page + n]);
+        true
     }
 
-    /// [`Inner::copy_cached`] under a part lock the caller holds.
+    /// The frame holding page `key`, unless it is only being read in.
+    fn loaded(core: &Core, key: PageKey) -> Option<usize> {
+        core.frames
+            .lookup(key)
+            .filter(|&i| !matches!(core.frames.frame(i).state, State::Loading(_)))
+    }
+
+    /// Copies `dst.len()` bytes at `in_page` of `key`'s page into `dst` if
+    /// the page is cached and loaded, under a part lock the caller holds;
+    /// marks it used if `touch`. False: not cached, nothing copied.
     fn copy_from(
         core: &mut Core,
         key: PageKey,
@@ -919,11 +934,7 @@ impl Inner {
         dst: &mut [u8],
         touch: bool,
     ) -> bool {
-        let Some(i) = core
-            .frames
-            .lookup(key)
-            .filter(|&i| !matches!(core.frames.frame(i).state, State::Loading(_)))
-        else {
+        let Some(i) = Self::loaded(core, key) else {
             return false;
         };
         dst.copy_from_slice(&core.frames.data(i)[in_page..in_page + dst.len()]);
