@@ -164,16 +164,28 @@ impl Target {
         }
     }
 
-    /// The printed line.
+    /// The printed line: two decimals, or as many more (up to six) as it
+    /// takes for a value that is not the goal not to print as the goal (a
+    /// ratio of 0.7986 against a goal of 0.8 printed "0.80x (goal >=
+    /// 0.80x) MISS").
     pub fn line(&self) -> String {
         let (op, g) = match self.goal {
             Goal::AtMost(g) => ("<=", g),
             Goal::AtLeast(g) => (">=", g),
         };
+        let mut digits = 2;
+        while digits < 6
+            && self.measured != g
+            && format!("{:.*}", digits, self.measured) == format!("{:.*}", digits, g)
+        {
+            digits += 1;
+        }
         format!(
-            "target {}: {:.2}{u} (goal {op} {:.2}{u}) {}",
+            "target {}: {:.*}{u} (goal {op} {:.*}{u}) {}",
             self.name,
+            digits,
             self.measured,
+            digits,
             g,
             if self.pass { "PASS" } else { "MISS" },
             u = self.unit
@@ -214,6 +226,16 @@ mod tests {
         assert_eq!(t.line(), "target ratio: 1.50x (goal <= 2.00x) PASS");
         let t = Target::new("kept", 40.0, Goal::AtLeast(50.0), "%");
         assert_eq!(t.line(), "target kept: 40.00% (goal >= 50.00%) MISS");
+    }
+
+    #[test]
+    fn a_value_just_short_of_its_goal_does_not_print_as_the_goal() {
+        let t = Target::new("get", 43418.0 / 54368.0, Goal::AtLeast(0.8), "x");
+        assert_eq!(t.line(), "target get: 0.799x (goal >= 0.800x) MISS");
+        let t = Target::new("p99", 2.0004, Goal::AtMost(2.0), "x");
+        assert_eq!(t.line(), "target p99: 2.0004x (goal <= 2.0000x) MISS");
+        let t = Target::new("met", 0.8, Goal::AtLeast(0.8), "x");
+        assert_eq!(t.line(), "target met: 0.80x (goal >= 0.80x) PASS");
     }
 
     #[test]
