@@ -34,6 +34,7 @@ use critio::context;
 use super::checkpoint::JobProgress;
 use super::index::{Index, Loc};
 use super::ops::{now_ms, Held};
+use super::record;
 use super::vlog::{Flow, Who};
 use super::{EngineError, Inner};
 
@@ -146,7 +147,7 @@ impl Inner {
             // head. A request for one of these keys waits for exactly this
             // (the copy's bytes are gathered and copied after), and at the
             // lock ceiling the kernel does not preempt the cleaner midway.
-            let keys: Vec<&[u8]> = batch.records.iter().map(|c| &c.key[..]).collect();
+            let keys: Vec<&[u8]> = batch.records.iter().map(Candidate::key).collect();
             let ceiling = context::ceiling();
             let mut held = Held::lock(&self.index, &keys);
             let now = now_ms();
@@ -157,13 +158,13 @@ impl Inner {
             let snapshot = self.vlog.snapshot_running();
             let (mut live, mut sizes) = (Vec::new(), Vec::new());
             for c in &batch.records {
-                let stripe = held.of(&c.key);
-                let Some(loc) = stripe.get(&c.key).filter(|l| l.addr == c.addr) else {
+                let stripe = held.of(c.key());
+                let Some(loc) = stripe.get(c.key()).filter(|l| l.addr == c.addr) else {
                     continue; // superseded or deleted: dead
                 };
                 if loc.expired(now) {
                     // A running BGSAVE still dumps it if it was live then.
-                    stripe.set(&c.key, None, snapshot);
+                    stripe.set(c.key(), None, snapshot);
                     self.vlog.add_live(-i64::from(loc.size));
                     self.index.count(-1);
                     done.expired += 1;
@@ -226,14 +227,14 @@ impl Inner {
             // copies, placed before it began and whole.
             let _ceiling = context::ceiling();
             for (c, &addr) in live.iter().zip(&placed.addrs) {
-                let mut stripe = self.index.lock(Index::stripe_of(&c.key));
+                let mut stripe = self.index.lock(Index::stripe_of(c.key()));
                 let snapshot = self.vlog.snapshot_running();
                 // Written or deleted meanwhile: the copy is dead, and what
                 // replaced the original comes after it in the log.
-                let Some(loc) = stripe.get(&c.key).filter(|l| l.addr == c.addr) else {
+                let Some(loc) = stripe.get(c.key()).filter(|l| l.addr == c.addr) else {
                     continue;
                 };
-                stripe.set(&c.key, Some(Loc { addr, ..loc }), snapshot);
+                stripe.set(c.key(), Some(Loc { addr, ..loc }), snapshot);
                 done.copied += 1;
             }
             break;
@@ -266,11 +267,18 @@ const BATCH_BYTES: usize = 32 << 10;
 /// Records in one batch.
 const BATCH_RECORDS: usize = 32;
 
-/// A record the cleaner may copy, with its bytes.
+/// A record the cleaner may copy, with its bytes as stored.
 struct Candidate {
     addr: u64,
-    key: Vec<u8>,
+    /// Its key's length: the key is in `bytes`, after the header.
+    key_len: usize,
     bytes: Vec<u8>,
+}
+
+impl Candidate {
+    fn key(&self) -> &[u8] {
+        &self.bytes[record::HEADER..record::HEADER + self.key_len]
+    }
 }
 
 /// Records gathered for one pass.
@@ -286,11 +294,13 @@ impl Batch {
     /// again, which computed its checksum a second time).
     fn push(&mut self, addr: u64, key: &[u8], stored: &[u8]) {
         self.bytes += stored.len();
-        self.records.push(Candidate {
+        let c = Candidate {
             addr,
-            key: key.to_vec(),
+            key_len: key.len(),
             bytes: stored.to_vec(),
-        });
+        };
+        debug_assert_eq!(c.key(), key, "a record's key follows its header");
+        self.records.push(c);
     }
 
     fn full(&self) -> bool {
