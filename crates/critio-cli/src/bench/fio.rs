@@ -306,6 +306,72 @@ const fn reader_of(bs_kib: u32) -> Option<Background> {
     })
 }
 
+/// A writer held to a static rate that runs until dropped: sequential
+/// `O_DIRECT` writes of 128 KiB, 4 in flight (the background job of the
+/// probes), for a load measured beside it.
+pub struct Writer {
+    child: std::process::Child,
+    file: std::path::PathBuf,
+}
+
+/// How long a [`Writer`] waits after it starts before the load beside it
+/// begins (fio creates its file and starts its job meanwhile).
+const WRITER_START: std::time::Duration = std::time::Duration::from_secs(1);
+
+impl Writer {
+    /// Starts one in `dir` at `bytes_per_s`, on `cpus` if given; returns
+    /// once it is writing (or has failed: fio's own words).
+    pub fn start(dir: &Path, bytes_per_s: u64, cpus: Option<&[usize]>) -> Result<Writer, String> {
+        let file = dir.join("fio-writer.dat");
+        let mut cmd = Command::new("fio");
+        cmd.args(writer_args(&file, bytes_per_s))
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped());
+        let child = spawn_on(cpus, || {
+            cmd.spawn().map_err(|e| format!("cannot run fio: {e}"))
+        })?;
+        let mut w = Writer { child, file };
+        std::thread::sleep(WRITER_START);
+        if let Ok(Some(status)) = w.child.try_wait() {
+            let mut why = String::new();
+            if let Some(mut err) = w.child.stderr.take() {
+                let _ = std::io::Read::read_to_string(&mut err, &mut why);
+            }
+            return Err(format!(
+                "fio writer ended at once ({status}): {}",
+                why.trim()
+            ));
+        }
+        Ok(w)
+    }
+}
+
+/// fio's arguments for a [`Writer`] of `file` (a day at most: it is
+/// stopped when dropped).
+fn writer_args(file: &Path, bytes_per_s: u64) -> Vec<String> {
+    vec![
+        "--name=writer".into(),
+        format!("--filename={}", file.display()),
+        "--size=1g".into(),
+        "--direct=1".into(),
+        "--rw=write".into(),
+        "--bs=128k".into(),
+        "--ioengine=libaio".into(),
+        "--iodepth=4".into(),
+        format!("--rate={}", bytes_per_s.max(1)),
+        "--time_based".into(),
+        "--runtime=86400".into(),
+    ]
+}
+
+impl Drop for Writer {
+    fn drop(&mut self) {
+        super::peers::kill_tree(self.child.id());
+        let _ = self.child.wait();
+        let _ = std::fs::remove_file(&self.file);
+    }
+}
+
 /// Runs `probes` in `dir`, `seconds` each, one after another, into a
 /// table; on `cpus` if given.
 pub fn table(
@@ -398,6 +464,33 @@ mod tests {
         let out = OUT.replace("\"max\" : 1580000", "\"max\" : 500000");
         let m = parse(&out, false, None).unwrap();
         assert_eq!((m.p99_ms, m.p999_ms, m.max_ms), (0.232, 0.5, 0.5));
+    }
+
+    #[test]
+    fn a_writer_is_held_to_its_rate_in_bytes_and_stops_when_dropped() {
+        let args = writer_args(Path::new("/d/w.dat"), 150_000_000);
+        assert!(args.contains(&"--rate=150000000".to_owned()), "{args:?}");
+        assert!(args.contains(&"--filename=/d/w.dat".to_owned()));
+        assert!(args.contains(&"--direct=1".to_owned()));
+        // A rate of zero would be no limit to fio: at least a byte.
+        assert!(writer_args(Path::new("w"), 0).contains(&"--rate=1".to_owned()));
+        if version().is_err() {
+            return eprintln!("skipped: no fio");
+        }
+        let dir = std::env::temp_dir().join(format!("critio-fio-w-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let w = Writer::start(&dir, 8 << 20, None);
+        let file = dir.join("fio-writer.dat");
+        match w {
+            Ok(mut w) => {
+                assert!(w.child.try_wait().unwrap().is_none(), "still writing");
+                drop(w);
+                assert!(!file.exists(), "its file is removed once it stopped");
+            }
+            // A file system without O_DIRECT (tmpfs) is not a device.
+            Err(e) => eprintln!("skipped: {e}"),
+        }
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

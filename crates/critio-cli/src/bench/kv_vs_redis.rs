@@ -10,6 +10,10 @@
 //!      background: the same, while BGSAVE and BGREWRITEAOF run back to back
 //!                  (each waited for); critio-kv also checkpoints every second, always
 //!      stop it, remove DIR
+//!  the machine's frontier for a GET (fits): a stock redis-server that
+//!      writes nothing, the same GET load alone and beside an fio writer
+//!      held to the disk write rate each server had in its GET load under
+//!      the loop
 //!  then fio on the same file system: a log commit's O_DSYNC write alone,
 //!  next to a writer held to a static rate and to an unpaced one, and
 //!  random reads from one thread with 16 in flight and from 16 threads
@@ -24,6 +28,15 @@
 //! spends fewer seconds on the same requests; the job in progress when
 //! the load ends counts by the share of it done (INFO's
 //! `current_fork_perc`, which both servers report).
+//!
+//! Why a frontier: on a virtual machine whose disk the host caches, what
+//! the guest writes costs the host CPU that the guest's own CPUs then
+//! miss (steal, stalls of the whole guest), so a request that does no
+//! I/O at all still pays for the background's writes. How much, at a
+//! given rate, is the machine's; no scheduler inside the guest changes
+//! it, short of writing less. The GET rows of the ceiling table set each
+//! ratio against that: the other server's p99.9 under the loop over what
+//! a server writing nothing had beside a writer at rcp's rate.
 
 use std::path::Path;
 use std::time::Instant;
@@ -31,7 +44,7 @@ use std::time::Instant;
 use critio_kv::Scheme;
 use serde_json::json;
 
-use super::fio;
+use super::fio::{self, Writer};
 use super::host;
 use super::kv_background::TestResult;
 use super::peers::{
@@ -139,6 +152,112 @@ fn checkpoints(peer: &Peer) -> u64 {
         .ok()
         .and_then(|i| info_u64(&i, "checkpoints"))
         .unwrap_or(0)
+}
+
+/// One GET load at the machine's frontier: a server that writes nothing,
+/// alone or beside a writer held to a server's disk write rate.
+#[derive(Clone, Debug)]
+struct FrontierRow {
+    /// Whose rate the writer was held to (None: no writer).
+    rate_of: Option<Kind>,
+    /// The rate asked of the writer, in MB/s.
+    rate_mb_s: Option<f64>,
+    get: TestResult,
+    stalls: Stalls,
+}
+
+/// The GET loads at the frontier of `size`: stock Redis writing nothing,
+/// preloaded as the servers were, alone and then beside a writer at each
+/// server's disk write rate during its GET load under the loop.
+fn frontier(
+    size: &Size,
+    dir: &Path,
+    runs: &[Run],
+    placement: &Placement,
+) -> Result<Vec<FrontierRow>, String> {
+    let pb = progress_bar(&format!("{} frontier", size.name));
+    let peer = Peer::redis_in_memory(&dir.join("frontier"), placement)?;
+    pb.set_message("preload");
+    peer.preload(size.keys, VALUE_BYTES, &pb)?;
+    let rates = PEERS.iter().filter_map(|&kind| {
+        let run = runs
+            .iter()
+            .find(|r| r.kind == kind && r.size == size.name && r.background)?;
+        run.stalls[1].disk_write_mb_s.map(|mb_s| (kind, mb_s))
+    });
+    let mut rows = Vec::new();
+    for (rate_of, rate_mb_s) in
+        std::iter::once((None, None)).chain(rates.map(|(k, r)| (Some(k), Some(r))))
+    {
+        pb.set_message(match rate_mb_s {
+            None => "GET alone".to_owned(),
+            Some(r) => format!("GET beside a writer at {r:.0} MB/s"),
+        });
+        let writer = match rate_mb_s {
+            Some(r) => Some(Writer::start(
+                dir,
+                (r * 1e6) as u64,
+                placement.server.as_deref(),
+            )?),
+            None => None,
+        };
+        let (get, stalls) = probed(|| {
+            benchmark(
+                &peer,
+                "get",
+                size.get_requests,
+                CLIENTS,
+                size.keys,
+                VALUE_BYTES,
+            )
+        })?;
+        drop(writer);
+        rows.push(FrontierRow {
+            rate_of,
+            rate_mb_s,
+            get,
+            stalls,
+        });
+    }
+    pb.finish_and_clear();
+    peer.stop()?;
+    Ok(rows)
+}
+
+/// The frontier's p99.9 beside a writer at `kind`'s rate.
+fn frontier_p999(rows: &[FrontierRow], kind: Kind) -> Option<f64> {
+    rows.iter()
+        .find(|r| r.rate_of == Some(kind))
+        .map(|r| r.get.p999_ms)
+}
+
+fn frontier_table(rows: &[FrontierRow], size: &Size) -> Table {
+    let mut t = Table::new(
+        &format!(
+            "the machine's frontier for a GET ({}): stock Redis writing nothing (no AOF, no RDB), preloaded the same, the same GET load (-n {}) alone and beside an fio writer (O_DIRECT, 128 KiB, 4 in flight) held to the disk write rate each server had in its GET load under the loop",
+            size.name, size.get_requests
+        ),
+        &["writer", "writer MB/s", "req/s", "p50 ms", "p99 ms", "p99.9 ms", "max ms"]
+            .into_iter()
+            .chain(stalls::COLUMNS)
+            .collect::<Vec<_>>(),
+    );
+    for r in rows {
+        let mut row = vec![
+            json!(r
+                .rate_of
+                .map_or("none".to_owned(), |k| format!("at {}'s rate", k.label()))),
+            json!(r.rate_mb_s),
+            json!(r.get.rps),
+            json!(r.get.p50_ms),
+            json!(r.get.p99_ms),
+            json!(r.get.p999_ms),
+            json!(r.get.max_ms),
+        ];
+        row.extend(r.stalls.cells());
+        t.row(row);
+    }
+    t
 }
 
 /// Both phases of one server at one size.
@@ -299,16 +418,19 @@ fn background_table(runs: &[Run]) -> Table {
 /// work, so rcp under it is not expected below its own tail alone, and a
 /// ratio's ceiling is the other server's tail under the loop over rcp's
 /// alone. A goal above its ceiling is out of reach of any scheduling on
-/// this machine in this run.
-fn ceiling_table(runs: &[Run], with_redis: bool) -> Table {
+/// this machine in this run. For a GET of the data that fits (no I/O of
+/// its own) the frontier gives a second, lower one: the other server's
+/// tail over that of a server writing nothing beside a writer at rcp's
+/// disk write rate (`-` where it was not measured).
+fn ceiling_table(runs: &[Run], with_redis: bool, frontier: &[FrontierRow]) -> Table {
     let (redis, none, rcp) = (
         Kind::Redis,
         Kind::Critio(Scheme::None),
         Kind::Critio(Scheme::Rcp),
     );
     let mut t = Table::new(
-        "p99.9 ratios under the loop and their ceiling in this run (the other server's p99.9 under the loop over rcp's alone, which the loop only adds to)",
-        &["size", "test", "over rcp's", "measured", "ceiling", "goal"],
+        "p99.9 ratios under the loop and their ceiling in this run (the other server's p99.9 under the loop over rcp's alone, which the loop only adds to; frontier ceiling: over the frontier's GET beside a writer at rcp's disk write rate)",
+        &["size", "test", "over rcp's", "measured", "ceiling", "frontier ceiling", "goal"],
     );
     let mut others = vec![(none, 3.0)];
     if with_redis {
@@ -325,12 +447,16 @@ fn ceiling_table(runs: &[Run], with_redis: bool) -> Table {
                 if size == "4x" && test == "GET" && *other == redis {
                     continue; // not a target: Redis serves it from memory
                 }
+                let edge = (size == "fits" && test == "GET")
+                    .then(|| frontier_p999(frontier, rcp))
+                    .flatten();
                 t.row(vec![
                     json!(size),
                     json!(test),
                     json!(other.label()),
                     json!(ratio(b.p999_ms, u.p999_ms)),
                     json!(ratio(b.p999_ms, a.p999_ms)),
+                    edge.map_or(json!("-"), |f| json!(ratio(b.p999_ms, f))),
                     json!(goal),
                 ]);
             }
@@ -464,9 +590,24 @@ pub fn run(args: &BenchArgs) -> Result<Report, String> {
             runs.extend(run_peer(kind, size, &dir, &args.placement)?);
         }
     }
+    // Needs a stock redis-server; its rates come from the servers' runs.
+    let fits = &sizes[0];
+    let edge = match &redis {
+        Ok(_) => frontier(fits, &dir, &runs, &args.placement).unwrap_or_else(|why| {
+            eprintln!("kv-vs-redis: no frontier: {why}");
+            Vec::new()
+        }),
+        Err(why) => {
+            eprintln!("kv-vs-redis: no frontier (it runs a stock redis-server): {why}");
+            Vec::new()
+        }
+    };
     let mut tables: Vec<Table> = sizes.iter().map(|s| latency_table(&runs, s)).collect();
     tables.push(background_table(&runs));
-    tables.push(ceiling_table(&runs, redis.is_ok()));
+    if !edge.is_empty() {
+        tables.push(frontier_table(&edge, fits));
+    }
+    tables.push(ceiling_table(&runs, redis.is_ok(), &edge));
     // The device's own floor, measured after the servers on the same file
     // system: what its log commits and reads cost with no server at all.
     let seconds = if args.quick { 1 } else { 5 };

@@ -105,6 +105,10 @@ fn fresh_dir(dir: &Path) -> Result<(), String> {
     std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))
 }
 
+/// Redis's durability in these comparisons: the AOF on, fsync per write
+/// (what critio-kv gives).
+const DURABLE: &[&str] = &["--appendonly", "yes", "--appendfsync", "always"];
+
 impl Peer {
     /// Starts a stock redis-server in `dir` with the AOF on and fsync per
     /// write (the durability critio-kv gives), no RDB save points.
@@ -121,6 +125,23 @@ impl Peer {
         stderr: Option<&Path>,
         placement: &Placement,
     ) -> Result<Peer, String> {
+        Self::redis_with(dir, wrapper, stderr, placement, DURABLE)
+    }
+
+    /// A stock redis-server in `dir` that writes nothing (no AOF, no RDB
+    /// save points): a server whose requests never touch the disk, for a
+    /// frontier measured beside a writer of a known rate.
+    pub fn redis_in_memory(dir: &Path, placement: &Placement) -> Result<Peer, String> {
+        Self::redis_with(dir, &[], None, placement, &["--appendonly", "no"])
+    }
+
+    fn redis_with(
+        dir: &Path,
+        wrapper: &[std::ffi::OsString],
+        stderr: Option<&Path>,
+        placement: &Placement,
+        persistence: &[&str],
+    ) -> Result<Peer, String> {
         fresh_dir(dir)?;
         let port = free_port()?;
         let mut cmd = match wrapper.split_first() {
@@ -134,7 +155,7 @@ impl Peer {
         cmd.args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
             .arg("--dir")
             .arg(dir)
-            .args(["--appendonly", "yes", "--appendfsync", "always"])
+            .args(persistence)
             .args(["--save", "", "--daemonize", "no", "--maxclients", "1000"])
             .arg("--logfile")
             .arg(dir.join("redis.log"))

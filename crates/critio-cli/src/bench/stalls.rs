@@ -26,7 +26,12 @@
 //! (`steal`: a virtual CPU ready to run, not run). On this project's
 //! virtual machine the two explain each other: with the disk busy and
 //! the guest's CPUs mostly busy too, the host stops the whole guest for
-//! tens of milliseconds, which shows as steal and as stalls.
+//! tens of milliseconds, which shows as steal and as stalls. So it also
+//! reads what the guest's disks wrote meanwhile (`/sys/block/*/stat`,
+//! whole disks, not loop or RAM devices, whose writes land on a disk
+//! counted already): on such a machine the rate at which a server's
+//! background writes is what the host makes every thread pay for, and a
+//! frontier measured at the same rate tells what any server could keep.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -61,6 +66,37 @@ pub struct Stalls {
     pub steal_pct: Option<f64>,
     /// The CPUs the kernel accounts for.
     pub cpus: u32,
+    /// What the guest's disks wrote per second during the load, in MB/s;
+    /// `None` where `/sys/block` cannot be read.
+    pub disk_write_mb_s: Option<f64>,
+}
+
+/// Bytes written so far by the whole disks in `/sys/block` (`stat`'s
+/// seventh field counts 512-byte sectors), leaving out loop, RAM and
+/// device-mapper devices: what they write lands on a disk counted here.
+fn disk_bytes_written() -> Option<u64> {
+    let mut total = 0u64;
+    for entry in std::fs::read_dir("/sys/block").ok()?.flatten() {
+        let name = entry.file_name();
+        if !counts_as_disk(&name.to_string_lossy()) {
+            continue;
+        }
+        let stat = std::fs::read_to_string(entry.path().join("stat")).ok()?;
+        total += sectors_written(&stat)? * 512;
+    }
+    Some(total)
+}
+
+/// Whether a `/sys/block` entry is a disk of its own.
+fn counts_as_disk(name: &str) -> bool {
+    !["loop", "ram", "zram", "dm-", "md", "sr", "nbd"]
+        .iter()
+        .any(|p| name.starts_with(p))
+}
+
+/// The sectors written, from a block device's `stat` line.
+fn sectors_written(stat: &str) -> Option<u64> {
+    stat.split_whitespace().nth(6)?.parse().ok()
 }
 
 /// CPU time from `/proc/stat`'s first line, in the kernel's ticks.
@@ -126,6 +162,7 @@ pub struct StallProbe {
     stop: Arc<AtomicBool>,
     thread: JoinHandle<Stalls>,
     cpu: Option<(CpuTimes, u32)>,
+    written: Option<(u64, Instant)>,
 }
 
 impl StallProbe {
@@ -141,6 +178,7 @@ impl StallProbe {
             stop,
             thread,
             cpu: CpuTimes::now(),
+            written: disk_bytes_written().map(|b| (b, Instant::now())),
         })
     }
 
@@ -152,8 +190,16 @@ impl StallProbe {
             .and_then(|((before, cpus), (after, _))| {
                 before.between(after, cpus).map(|x| (x, cpus))
             });
+        let written = self
+            .written
+            .zip(disk_bytes_written())
+            .and_then(|((b, t), a)| {
+                let secs = t.elapsed().as_secs_f64();
+                (secs > 0.0).then(|| a.saturating_sub(b) as f64 / secs / 1e6)
+            });
         self.stop.store(true, Ordering::Relaxed);
         let mut s = self.thread.join().unwrap_or_default();
+        s.disk_write_mb_s = written;
         if let Some(((busy, steal), cpus)) = cpu {
             s.busy_cpus = Some(busy);
             s.steal_pct = Some(steal);
@@ -192,16 +238,23 @@ pub fn table<'a>(title: &str, rows: impl IntoIterator<Item = (&'a str, [Stalls; 
 }
 
 /// The column names of [`Stalls::cells`].
-pub const COLUMNS: [&str; 4] = ["stalls", "stall max ms", "CPUs busy", "steal %"];
+pub const COLUMNS: [&str; 5] = [
+    "stalls",
+    "stall max ms",
+    "CPUs busy",
+    "steal %",
+    "disk MB/s written",
+];
 
 impl Stalls {
     /// Its cells under [`COLUMNS`]; `-` for what was not measured.
-    pub fn cells(&self) -> [serde_json::Value; 4] {
+    pub fn cells(&self) -> [serde_json::Value; 5] {
         [
             json!(self.stalls),
             json!(self.longest_ms),
             json!(self.busy_cpus),
             json!(self.steal_pct),
+            json!(self.disk_write_mb_s),
         ]
     }
 }
@@ -216,7 +269,8 @@ pub fn describe<'a>(seen: impl IntoIterator<Item = &'a Stalls>) -> String {
         "stalls: how often a {} thread sleeping 1 ms at a time woke more than {} ms late \
          during that load ({}), and its latest wake-up; CPUs busy: the guest's CPUs busy \
          on average (of {cpus}); steal %: the share of their time the host took \
-         (/proc/stat)",
+         (/proc/stat); disk MB/s written: what the guest's disks wrote per second \
+         meanwhile, foreground and background (/sys/block/*/stat)",
         if realtime {
             "real-time"
         } else {
@@ -274,6 +328,23 @@ mod tests {
             let busy = s.busy_cpus.expect("/proc/stat is readable");
             assert!((0.0..=f64::from(s.cpus)).contains(&busy), "{s:?}");
             assert!(s.steal_pct.is_some_and(|x| (0.0..=100.0).contains(&x)));
+        }
+    }
+
+    #[test]
+    fn a_block_devices_stat_gives_its_sectors_written_and_only_disks_count() {
+        // reads, merged, sectors, ms, writes, merged, sectors, ms, ...
+        let stat =
+            "   1200      3   96000    500     4000     10  2048000   9000    0  1000  9500\n";
+        assert_eq!(sectors_written(stat), Some(2_048_000));
+        assert_eq!(sectors_written("1 2 3"), None);
+        assert!(counts_as_disk("vda") && counts_as_disk("nvme0n1") && counts_as_disk("sdb"));
+        assert!(!counts_as_disk("loop3") && !counts_as_disk("dm-0") && !counts_as_disk("zram0"));
+        if disk_bytes_written().is_some() {
+            let p = StallProbe::start().unwrap();
+            std::thread::sleep(Duration::from_millis(20));
+            let s = p.stop();
+            assert!(s.disk_write_mb_s.is_some_and(|x| x >= 0.0), "{s:?}");
         }
     }
 
