@@ -146,6 +146,16 @@ impl Index {
         self.stripes[s].try_lock()
     }
 
+    /// Locks stripe `s` if it is free or becomes free within `spin`
+    /// (spinning: [`critio::sync::Mutex::try_lock_spinning`]).
+    pub(crate) fn try_lock_spinning(
+        &self,
+        s: usize,
+        spin: std::time::Duration,
+    ) -> Option<MutexGuard<'_, Stripe>> {
+        self.stripes[s].try_lock_spinning(spin)
+    }
+
     /// Whether stripe `s` is held by a thread that is not foreground (a
     /// background job's, boosted or not): worth a request's parking rather
     /// than its worker's wait. False if it is free by now.

@@ -917,16 +917,7 @@ impl Inner {
         if !part.held_by_background() {
             return Some(part.lock());
         }
-        let until = std::time::Instant::now() + BUSY_SPIN;
-        loop {
-            std::hint::spin_loop();
-            if let Some(core) = part.try_lock() {
-                return Some(core);
-            }
-            if std::time::Instant::now() >= until {
-                return None;
-            }
-        }
+        part.try_lock_spinning(BUSY_SPIN)
     }
 
     /// Appends `n` bytes at `in_page` of `key`'s page to `out` if the page
