@@ -868,11 +868,12 @@ impl Drop for PageCache {
 }
 
 /// How long an event loop's cached read spins for a part a background
-/// thread holds before it gives up (`Busy`): longer than the copy of a
-/// writeback run of 32 pages, shorter than a request's trip to a miss
-/// reader and back. Under a BGSAVE/BGREWRITEAOF loop (critio-kv, 300k
-/// keys, GETs alone; vda) it cut `Busy` from 1700-2000 to 210-310 per
-/// 600k GETs.
+/// thread holds before it gives up (`Busy`): a background step under a
+/// part lock is a page copy or a writeback run's (32 pages, 128 KiB),
+/// and a request's trip to a miss reader and back is two thread
+/// wake-ups. Under a BGSAVE/BGREWRITEAOF loop (critio-kv, 300k keys,
+/// GETs alone; vda) it cut `Busy` from 1700-2000 to 210-310 per 600k
+/// GETs.
 const BUSY_SPIN: std::time::Duration = std::time::Duration::from_micros(30);
 
 /// What a caller must do before retrying an access.
