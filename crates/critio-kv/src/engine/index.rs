@@ -141,19 +141,14 @@ impl Index {
         self.stripes[s].lock()
     }
 
-    /// Locks stripe `s` if it is free right now.
-    pub(crate) fn try_lock(&self, s: usize) -> Option<MutexGuard<'_, Stripe>> {
-        self.stripes[s].try_lock()
-    }
-
-    /// Locks stripe `s` if it is free or becomes free within `spin`
-    /// (spinning: [`critio::sync::Mutex::try_lock_spinning`]).
-    pub(crate) fn try_lock_spinning(
+    /// Locks stripe `s` unless a background thread holds it past `spin`
+    /// ([`critio::sync::Mutex::lock_unless_background`]).
+    pub(crate) fn lock_unless_background(
         &self,
         s: usize,
         spin: std::time::Duration,
     ) -> Option<MutexGuard<'_, Stripe>> {
-        self.stripes[s].try_lock_spinning(spin)
+        self.stripes[s].lock_unless_background(spin)
     }
 
     /// Whether stripe `s` is held by a thread that is not foreground (a

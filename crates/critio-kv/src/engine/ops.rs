@@ -262,16 +262,9 @@ impl Inner {
     fn read_cached(&self, key: &[u8]) -> Result<Result<Option<Found>, Prefetch>, EngineError> {
         self.check_key(key)?;
         let s = Index::stripe_of(key);
-        let stripe = match self.index.try_lock(s) {
-            Some(stripe) => stripe,
-            None if self.index.held_by_background(s) => {
-                match self.index.try_lock_spinning(s, STRIPE_SPIN) {
-                    Some(stripe) => stripe,
-                    None => return Ok(Err(Prefetch(Need::Stripe(s)))),
-                }
-            }
-            // Another request's: held for microseconds, so wait.
-            None => self.index.lock(s),
+        // Another request's hold (microseconds) is waited for.
+        let Some(stripe) = self.index.lock_unless_background(s, STRIPE_SPIN) else {
+            return Ok(Err(Prefetch(Need::Stripe(s))));
         };
         let Some(Found { loc, .. }) = self.lookup(&stripe, key, now_ms(), false)? else {
             return Ok(Ok(None));

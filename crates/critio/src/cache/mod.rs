@@ -908,17 +908,10 @@ impl Inner {
     }
 
     /// Locks `key`'s part, unless a thread that is not foreground holds it
-    /// (None, without waiting). One that took it just after the check is
+    /// past [`BUSY_SPIN`] (None). One that took it just after the check is
     /// waited for: rare, and bounded as any wait for a part is.
     fn lock_unless_background(&self, key: PageKey) -> Option<MutexGuard<'_, Core>> {
-        let part = self.shard(key);
-        if let Some(core) = part.try_lock() {
-            return Some(core);
-        }
-        if !part.held_by_background() {
-            return Some(part.lock());
-        }
-        part.try_lock_spinning(BUSY_SPIN)
+        self.shard(key).lock_unless_background(BUSY_SPIN)
     }
 
     /// Appends `n` bytes at `in_page` of `key`'s page to `out` if the page

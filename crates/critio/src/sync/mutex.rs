@@ -210,6 +210,20 @@ impl<T> Mutex<T> {
         }
     }
 
+    /// An event loop's lock: waits for a foreground holder (another
+    /// request's hold, microseconds), spins up to `spin` for a background
+    /// one ([`Mutex::try_lock_spinning`]), and past that gives up (None):
+    /// the caller hands its request to a thread that may wait.
+    pub fn lock_unless_background(&self, spin: std::time::Duration) -> Option<MutexGuard<'_, T>> {
+        if let Some(g) = self.try_lock() {
+            return Some(g);
+        }
+        if !self.held_by_background() {
+            return Some(self.lock());
+        }
+        self.try_lock_spinning(spin)
+    }
+
     fn guard(&self, me: TaskId) -> MutexGuard<'_, T> {
         let data = self
             .data
