@@ -17,7 +17,7 @@
 //! fio comes from Debian's `fio`; where it is missing, [`version`] says
 //! so and the caller prints the reason instead of the table.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -306,48 +306,83 @@ const fn reader_of(bs_kib: u32) -> Option<Background> {
     })
 }
 
-/// A writer held to a static rate that runs until dropped: sequential
-/// `O_DIRECT` writes of 128 KiB, 4 in flight (the background job of the
-/// probes), for a load measured beside it.
-pub struct Writer {
+/// A background fio job held to a static rate that runs until dropped,
+/// for a load measured beside it: a writer ([`Antagonist::writer`]) or a
+/// reader ([`Antagonist::reader`]).
+pub struct Antagonist {
     child: std::process::Child,
     file: std::path::PathBuf,
 }
 
-/// How long a [`Writer`] waits after it starts before the load beside it
-/// begins (fio creates its file and starts its job meanwhile).
-const WRITER_START: std::time::Duration = std::time::Duration::from_secs(1);
+/// How long an [`Antagonist`] waits after it starts before the load beside
+/// it begins (fio opens its file and starts its job meanwhile).
+const ANTAGONIST_START: std::time::Duration = std::time::Duration::from_secs(1);
 
-impl Writer {
-    /// Starts one in `dir` at `bytes_per_s`, on `cpus` if given; returns
-    /// once it is writing (or has failed: fio's own words).
-    pub fn start(dir: &Path, bytes_per_s: u64, cpus: Option<&[usize]>) -> Result<Writer, String> {
+/// The file a reader reads: laid out before it starts, so every read
+/// goes to the device (a hole reads as zeros without it).
+const READER_FILE_BYTES: u64 = 512 << 20;
+
+impl Antagonist {
+    /// Sequential `O_DIRECT` writes of 128 KiB, 4 in flight (the
+    /// background job of the probes), at `bytes_per_s`, in `dir`, on
+    /// `cpus` if given; returns once it is writing (or has failed: fio's
+    /// own words).
+    pub fn writer(dir: &Path, bytes_per_s: u64, cpus: Option<&[usize]>) -> Result<Self, String> {
         let file = dir.join("fio-writer.dat");
-        let mut cmd = Command::new("fio");
-        cmd.args(writer_args(&file, bytes_per_s))
+        Self::spawn(writer_args(&file, bytes_per_s), file, cpus)
+    }
+
+    /// Random `O_DIRECT` reads of 4 KiB, 16 in flight (a server's misses:
+    /// one page each, many clients), at `reads_per_s`, of a file of
+    /// [`READER_FILE_BYTES`] in `dir` it writes first; on `cpus` if given.
+    pub fn reader(dir: &Path, reads_per_s: u64, cpus: Option<&[usize]>) -> Result<Self, String> {
+        let file = dir.join("fio-reader.dat");
+        let layout = Command::new("fio")
+            .args(layout_args(&file))
             .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::piped());
-        let child = spawn_on(cpus, || {
-            cmd.spawn().map_err(|e| format!("cannot run fio: {e}"))
-        })?;
-        let mut w = Writer { child, file };
-        std::thread::sleep(WRITER_START);
-        if let Ok(Some(status)) = w.child.try_wait() {
-            let mut why = String::new();
-            if let Some(mut err) = w.child.stderr.take() {
-                let _ = std::io::Read::read_to_string(&mut err, &mut why);
-            }
+            .output()
+            .map_err(|e| format!("cannot run fio: {e}"))?;
+        if !layout.status.success() {
+            let _ = std::fs::remove_file(&file);
             return Err(format!(
-                "fio writer ended at once ({status}): {}",
-                why.trim()
+                "fio could not write the reader's file ({}): {}",
+                layout.status,
+                String::from_utf8_lossy(&layout.stderr).trim()
             ));
         }
-        Ok(w)
+        Self::spawn(reader_args(&file, reads_per_s), file, cpus)
+    }
+
+    fn spawn(args: Vec<String>, file: PathBuf, cpus: Option<&[usize]>) -> Result<Self, String> {
+        let mut cmd = Command::new("fio");
+        cmd.args(args)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped());
+        let child = match spawn_on(cpus, || {
+            cmd.spawn().map_err(|e| format!("cannot run fio: {e}"))
+        }) {
+            Ok(child) => child,
+            Err(why) => {
+                let _ = std::fs::remove_file(&file);
+                return Err(why);
+            }
+        };
+        // Dropped on an early end: its file goes too.
+        let mut a = Antagonist { child, file };
+        std::thread::sleep(ANTAGONIST_START);
+        if let Ok(Some(status)) = a.child.try_wait() {
+            let mut why = String::new();
+            if let Some(mut err) = a.child.stderr.take() {
+                let _ = std::io::Read::read_to_string(&mut err, &mut why);
+            }
+            return Err(format!("fio ended at once ({status}): {}", why.trim()));
+        }
+        Ok(a)
     }
 }
 
-/// fio's arguments for a [`Writer`] of `file` (a day at most: it is
-/// stopped when dropped).
+/// fio's arguments for [`Antagonist::writer`] of `file` (a day at most:
+/// it is stopped when dropped).
 fn writer_args(file: &Path, bytes_per_s: u64) -> Vec<String> {
     vec![
         "--name=writer".into(),
@@ -364,7 +399,38 @@ fn writer_args(file: &Path, bytes_per_s: u64) -> Vec<String> {
     ]
 }
 
-impl Drop for Writer {
+/// fio's arguments that write the file of [`Antagonist::reader`].
+fn layout_args(file: &Path) -> Vec<String> {
+    vec![
+        "--name=layout".into(),
+        format!("--filename={}", file.display()),
+        format!("--size={READER_FILE_BYTES}"),
+        "--direct=1".into(),
+        "--rw=write".into(),
+        "--bs=1m".into(),
+        "--ioengine=libaio".into(),
+        "--iodepth=4".into(),
+    ]
+}
+
+/// fio's arguments for [`Antagonist::reader`] of `file`.
+fn reader_args(file: &Path, reads_per_s: u64) -> Vec<String> {
+    vec![
+        "--name=reader".into(),
+        format!("--filename={}", file.display()),
+        format!("--size={READER_FILE_BYTES}"),
+        "--direct=1".into(),
+        "--rw=randread".into(),
+        "--bs=4k".into(),
+        "--ioengine=libaio".into(),
+        "--iodepth=16".into(),
+        format!("--rate_iops={}", reads_per_s.max(1)),
+        "--time_based".into(),
+        "--runtime=86400".into(),
+    ]
+}
+
+impl Drop for Antagonist {
     fn drop(&mut self) {
         super::peers::kill_tree(self.child.id());
         let _ = self.child.wait();
@@ -467,28 +533,48 @@ mod tests {
     }
 
     #[test]
-    fn a_writer_is_held_to_its_rate_in_bytes_and_stops_when_dropped() {
+    fn antagonists_are_held_to_their_rate_and_stop_when_dropped() {
         let args = writer_args(Path::new("/d/w.dat"), 150_000_000);
         assert!(args.contains(&"--rate=150000000".to_owned()), "{args:?}");
         assert!(args.contains(&"--filename=/d/w.dat".to_owned()));
         assert!(args.contains(&"--direct=1".to_owned()));
-        // A rate of zero would be no limit to fio: at least a byte.
+        // A rate of zero would be no limit to fio: at least a byte, a read.
         assert!(writer_args(Path::new("w"), 0).contains(&"--rate=1".to_owned()));
+        let args = reader_args(Path::new("/d/r.dat"), 12_000);
+        for a in [
+            "--rate_iops=12000",
+            "--rw=randread",
+            "--bs=4k",
+            "--direct=1",
+        ] {
+            assert!(args.contains(&a.to_owned()), "{a} not in {args:?}");
+        }
+        assert!(reader_args(Path::new("r"), 0).contains(&"--rate_iops=1".to_owned()));
         if version().is_err() {
             return eprintln!("skipped: no fio");
         }
         let dir = std::env::temp_dir().join(format!("critio-fio-w-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        let w = Writer::start(&dir, 8 << 20, None);
-        let file = dir.join("fio-writer.dat");
-        match w {
-            Ok(mut w) => {
-                assert!(w.child.try_wait().unwrap().is_none(), "still writing");
-                drop(w);
-                assert!(!file.exists(), "its file is removed once it stopped");
+        for (a, name) in [
+            (Antagonist::writer(&dir, 8 << 20, None), "fio-writer.dat"),
+            (Antagonist::reader(&dir, 500, None), "fio-reader.dat"),
+        ] {
+            let file = dir.join(name);
+            match a {
+                Ok(mut a) => {
+                    assert!(
+                        a.child.try_wait().unwrap().is_none(),
+                        "{name}: still running"
+                    );
+                    drop(a);
+                    assert!(!file.exists(), "{name}: removed once it stopped");
+                }
+                // A file system without O_DIRECT (tmpfs) is not a device.
+                Err(e) => {
+                    eprintln!("skipped: {e}");
+                    assert!(!file.exists(), "{name}: left behind");
+                }
             }
-            // A file system without O_DIRECT (tmpfs) is not a device.
-            Err(e) => eprintln!("skipped: {e}"),
         }
         let _ = std::fs::remove_dir_all(&dir);
     }

@@ -10,10 +10,11 @@
 //!      background: the same, while BGSAVE and BGREWRITEAOF run back to back
 //!                  (each waited for); critio-kv also checkpoints every second, always
 //!      stop it, remove DIR
-//!  the machine's frontier for a GET (fits): a stock redis-server that
-//!      writes nothing, the same GET load alone and beside an fio writer
-//!      held to the disk write rate each server had in its GET load under
-//!      the loop
+//!  the machine's frontier for a GET (each size): a stock redis-server
+//!      with no I/O of its own, the same GET load alone and beside fio
+//!      held to what each server's disks moved in its GET load under the
+//!      loop (a writer at its write rate; a reader of random pages at its
+//!      read rate, where it read: critio-kv's misses at 4x)
 //!  then fio on the same file system: a log commit's O_DSYNC write alone,
 //!  next to a writer held to a static rate and to an unpaced one, and
 //!  random reads from one thread with 16 in flight and from 16 threads
@@ -30,13 +31,18 @@
 //! `current_fork_perc`, which both servers report).
 //!
 //! Why a frontier: on a virtual machine whose disk the host caches, what
-//! the guest writes costs the host CPU that the guest's own CPUs then
-//! miss (steal, stalls of the whole guest), so a request that does no
-//! I/O at all still pays for the background's writes. How much, at a
-//! given rate, is the machine's; no scheduler inside the guest changes
-//! it, short of writing less. The GET rows of the ceiling table set each
-//! ratio against that: the other server's p99.9 under the loop over what
-//! a server writing nothing had beside a writer at rcp's rate.
+//! the guest reads and writes costs the host CPU that the guest's own
+//! CPUs then miss (steal, stalls of the whole guest), so a request that
+//! does no I/O at all still pays for the background's writes, and every
+//! GET pays for the other GETs' misses. How much, at a given rate, is the
+//! machine's; no scheduler inside the guest changes it, short of moving
+//! less. (By hand, stock Redis with no persistence serving the 4x GET
+//! load from memory had a p99.9 of 1.4-1.8 ms alone and 13.0-15.3 ms
+//! beside fio reading random 4 KiB pages at 12k a second, critio-kv's
+//! miss rate at that size, whether from one thread with 16 in flight or
+//! from 16 threads.) The GET rows of the ceiling table set each ratio
+//! against that: the other server's p99.9 under the loop over what a
+//! server with no I/O of its own had beside fio at rcp's rates.
 
 use std::path::Path;
 use std::time::Instant;
@@ -44,7 +50,7 @@ use std::time::Instant;
 use critio_kv::Scheme;
 use serde_json::json;
 
-use super::fio::{self, Writer};
+use super::fio::{self, Antagonist};
 use super::host;
 use super::kv_background::TestResult;
 use super::peers::{
@@ -154,21 +160,35 @@ fn checkpoints(peer: &Peer) -> u64 {
         .unwrap_or(0)
 }
 
-/// One GET load at the machine's frontier: a server that writes nothing,
-/// alone or beside a writer held to a server's disk write rate.
+/// One GET load at the machine's frontier: a server that does no I/O,
+/// alone or beside fio moving what a server's disks moved.
 #[derive(Clone, Debug)]
 struct FrontierRow {
-    /// Whose rate the writer was held to (None: no writer).
+    /// Whose rates fio was held to (None: no fio).
     rate_of: Option<Kind>,
-    /// The rate asked of the writer, in MB/s.
-    rate_mb_s: Option<f64>,
+    /// The reader's rate asked of fio, in MB/s (None: no reader).
+    read_mb_s: Option<f64>,
+    /// The writer's rate asked of fio, in MB/s (None: no writer).
+    write_mb_s: Option<f64>,
     get: TestResult,
     stalls: Stalls,
 }
 
-/// The GET loads at the frontier of `size`: stock Redis writing nothing,
-/// preloaded as the servers were, alone and then beside a writer at each
-/// server's disk write rate during its GET load under the loop.
+/// Below this, a server's disk reads during a load get no fio reader at
+/// the frontier (what a server that reads its data from memory still
+/// reads: its own files, metadata).
+const READER_MIN_MB_S: f64 = 1.0;
+
+/// The size of a server's miss, for a reader's rate in reads a second: a
+/// page.
+const READ_BYTES: f64 = 4096.0;
+
+/// The GET loads at the frontier of `size`: stock Redis with no
+/// persistence (so no I/O of its own), preloaded as the servers were,
+/// alone and then beside fio held to what each server's disks moved
+/// during its GET load under the loop: a writer at its write rate, and a
+/// reader at its read rate where it read at least [`READER_MIN_MB_S`]
+/// (at 4x, critio-kv's misses).
 fn frontier(
     size: &Size,
     dir: &Path,
@@ -183,22 +203,28 @@ fn frontier(
         let run = runs
             .iter()
             .find(|r| r.kind == kind && r.size == size.name && r.background)?;
-        run.stalls[1].disk_write_mb_s.map(|mb_s| (kind, mb_s))
+        let moved = &run.stalls[1];
+        let read = moved.disk_read_mb_s.filter(|&r| r >= READER_MIN_MB_S);
+        Some((Some(kind), read, Some(moved.disk_write_mb_s?)))
     });
+    let cpus = placement.server.as_deref();
     let mut rows = Vec::new();
-    for (rate_of, rate_mb_s) in
-        std::iter::once((None, None)).chain(rates.map(|(k, r)| (Some(k), Some(r))))
-    {
-        pb.set_message(match rate_mb_s {
-            None => "GET alone".to_owned(),
-            Some(r) => format!("GET beside a writer at {r:.0} MB/s"),
+    for (rate_of, read_mb_s, write_mb_s) in std::iter::once((None, None, None)).chain(rates) {
+        pb.set_message(match (read_mb_s, write_mb_s) {
+            (None, None) => "GET alone".to_owned(),
+            (Some(r), Some(w)) => format!("GET beside fio reading {r:.0} MB/s, writing {w:.0}"),
+            (_, w) => format!("GET beside fio writing {:.0} MB/s", w.unwrap_or(0.0)),
         });
-        let writer = match rate_mb_s {
-            Some(r) => Some(Writer::start(
+        let reader = match read_mb_s {
+            Some(r) => Some(Antagonist::reader(
                 dir,
-                (r * 1e6) as u64,
-                placement.server.as_deref(),
+                (r * 1e6 / READ_BYTES) as u64,
+                cpus,
             )?),
+            None => None,
+        };
+        let writer = match write_mb_s {
+            Some(w) => Some(Antagonist::writer(dir, (w * 1e6) as u64, cpus)?),
             None => None,
         };
         let (get, stalls) = probed(|| {
@@ -211,10 +237,11 @@ fn frontier(
                 VALUE_BYTES,
             )
         })?;
-        drop(writer);
+        drop((reader, writer));
         rows.push(FrontierRow {
             rate_of,
-            rate_mb_s,
+            read_mb_s,
+            write_mb_s,
             get,
             stalls,
         });
@@ -224,7 +251,7 @@ fn frontier(
     Ok(rows)
 }
 
-/// The frontier's p99.9 beside a writer at `kind`'s rate.
+/// The frontier's p99.9 beside fio at `kind`'s rates.
 fn frontier_p999(rows: &[FrontierRow], kind: Kind) -> Option<f64> {
     rows.iter()
         .find(|r| r.rate_of == Some(kind))
@@ -234,10 +261,10 @@ fn frontier_p999(rows: &[FrontierRow], kind: Kind) -> Option<f64> {
 fn frontier_table(rows: &[FrontierRow], size: &Size) -> Table {
     let mut t = Table::new(
         &format!(
-            "the machine's frontier for a GET ({}): stock Redis writing nothing (no AOF, no RDB), preloaded the same, the same GET load (-n {}) alone and beside an fio writer (O_DIRECT, 128 KiB, 4 in flight) held to the disk write rate each server had in its GET load under the loop",
+            "the machine's frontier for a GET ({}): stock Redis with no persistence (no I/O of its own), preloaded the same, the same GET load (-n {}) alone and beside fio moving what each server's disks moved in its GET load under the loop: a writer (O_DIRECT, 128 KiB, 4 in flight) at its write rate and, where it read {READER_MIN_MB_S} MB/s or more, a reader (O_DIRECT, random 4 KiB, 16 in flight) at its read rate",
             size.name, size.get_requests
         ),
-        &["writer", "writer MB/s", "req/s", "p50 ms", "p99 ms", "p99.9 ms", "max ms"]
+        &["fio", "fio read MB/s", "fio write MB/s", "req/s", "p50 ms", "p99 ms", "p99.9 ms", "max ms"]
             .into_iter()
             .chain(stalls::COLUMNS)
             .collect::<Vec<_>>(),
@@ -246,8 +273,9 @@ fn frontier_table(rows: &[FrontierRow], size: &Size) -> Table {
         let mut row = vec![
             json!(r
                 .rate_of
-                .map_or("none".to_owned(), |k| format!("at {}'s rate", k.label()))),
-            json!(r.rate_mb_s),
+                .map_or("none".to_owned(), |k| format!("at {}'s rates", k.label()))),
+            r.read_mb_s.map_or(json!("-"), |x| json!(x)),
+            r.write_mb_s.map_or(json!("-"), |x| json!(x)),
             json!(r.get.rps),
             json!(r.get.p50_ms),
             json!(r.get.p99_ms),
@@ -420,16 +448,18 @@ fn background_table(runs: &[Run]) -> Table {
 /// alone. A goal above its ceiling is out of reach of any scheduling on
 /// this machine in this run. For a GET of the data that fits (no I/O of
 /// its own) the frontier gives a second, lower one: the other server's
-/// tail over that of a server writing nothing beside a writer at rcp's
-/// disk write rate (`-` where it was not measured).
-fn ceiling_table(runs: &[Run], with_redis: bool, frontier: &[FrontierRow]) -> Table {
+/// tail over that of a server with no I/O of its own beside fio at rcp's
+/// disk rates (`-` where it was not measured). So does it for a GET of
+/// the data four times the cache, whose misses read the device: beside
+/// a reader at rcp's read rate too.
+fn ceiling_table(runs: &[Run], with_redis: bool, frontiers: &[(&str, Vec<FrontierRow>)]) -> Table {
     let (redis, none, rcp) = (
         Kind::Redis,
         Kind::Critio(Scheme::None),
         Kind::Critio(Scheme::Rcp),
     );
     let mut t = Table::new(
-        "p99.9 ratios under the loop and their ceiling in this run (the other server's p99.9 under the loop over rcp's alone, which the loop only adds to; frontier ceiling: over the frontier's GET beside a writer at rcp's disk write rate)",
+        "p99.9 ratios under the loop and their ceiling in this run (the other server's p99.9 under the loop over rcp's alone, which the loop only adds to; frontier ceiling: over the frontier's GET beside fio at rcp's disk rates under the loop)",
         &["size", "test", "over rcp's", "measured", "ceiling", "frontier ceiling", "goal"],
     );
     let mut others = vec![(none, 3.0)];
@@ -447,9 +477,10 @@ fn ceiling_table(runs: &[Run], with_redis: bool, frontier: &[FrontierRow]) -> Ta
                 if size == "4x" && test == "GET" && *other == redis {
                     continue; // not a target: Redis serves it from memory
                 }
-                let edge = (size == "fits" && test == "GET")
-                    .then(|| frontier_p999(frontier, rcp))
-                    .flatten();
+                let edge = frontiers
+                    .iter()
+                    .find(|(s, _)| *s == size && test == "GET")
+                    .and_then(|(_, rows)| frontier_p999(rows, rcp));
                 t.row(vec![
                     json!(size),
                     json!(test),
@@ -591,23 +622,25 @@ pub fn run(args: &BenchArgs) -> Result<Report, String> {
         }
     }
     // Needs a stock redis-server; its rates come from the servers' runs.
-    let fits = &sizes[0];
-    let edge = match &redis {
-        Ok(_) => frontier(fits, &dir, &runs, &args.placement).unwrap_or_else(|why| {
-            eprintln!("kv-vs-redis: no frontier: {why}");
-            Vec::new()
-        }),
-        Err(why) => {
-            eprintln!("kv-vs-redis: no frontier (it runs a stock redis-server): {why}");
-            Vec::new()
+    let mut frontiers = Vec::new();
+    match &redis {
+        Ok(_) => {
+            for size in &sizes {
+                match frontier(size, &dir, &runs, &args.placement) {
+                    Ok(rows) => frontiers.push((size.name, rows)),
+                    Err(why) => eprintln!("kv-vs-redis: no {} frontier: {why}", size.name),
+                }
+            }
         }
-    };
+        Err(why) => eprintln!("kv-vs-redis: no frontier (it runs a stock redis-server): {why}"),
+    }
     let mut tables: Vec<Table> = sizes.iter().map(|s| latency_table(&runs, s)).collect();
     tables.push(background_table(&runs));
-    if !edge.is_empty() {
-        tables.push(frontier_table(&edge, fits));
+    for (name, rows) in &frontiers {
+        let size = sizes.iter().find(|s| s.name == *name).expect("a size run");
+        tables.push(frontier_table(rows, size));
     }
-    tables.push(ceiling_table(&runs, redis.is_ok(), &edge));
+    tables.push(ceiling_table(&runs, redis.is_ok(), &frontiers));
     // The device's own floor, measured after the servers on the same file
     // system: what its log commits and reads cost with no server at all.
     let seconds = if args.quick { 1 } else { 5 };

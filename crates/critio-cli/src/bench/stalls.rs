@@ -69,22 +69,27 @@ pub struct Stalls {
     /// What the guest's disks wrote per second during the load, in MB/s;
     /// `None` where `/sys/block` cannot be read.
     pub disk_write_mb_s: Option<f64>,
+    /// What they read per second, in MB/s (the same).
+    pub disk_read_mb_s: Option<f64>,
 }
 
-/// Bytes written so far by the whole disks in `/sys/block` (`stat`'s
-/// seventh field counts 512-byte sectors), leaving out loop, RAM and
-/// device-mapper devices: what they write lands on a disk counted here.
-fn disk_bytes_written() -> Option<u64> {
-    let mut total = 0u64;
+/// Bytes (read, written) so far by the whole disks in `/sys/block`
+/// (`stat`'s third and seventh fields count 512-byte sectors), leaving
+/// out loop, RAM and device-mapper devices: what they move lands on a
+/// disk counted here.
+fn disk_bytes() -> Option<(u64, u64)> {
+    let (mut read, mut written) = (0u64, 0u64);
     for entry in std::fs::read_dir("/sys/block").ok()?.flatten() {
         let name = entry.file_name();
         if !counts_as_disk(&name.to_string_lossy()) {
             continue;
         }
         let stat = std::fs::read_to_string(entry.path().join("stat")).ok()?;
-        total += sectors_written(&stat)? * 512;
+        let (r, w) = sectors_moved(&stat)?;
+        read += r * 512;
+        written += w * 512;
     }
-    Some(total)
+    Some((read, written))
 }
 
 /// Whether a `/sys/block` entry is a disk of its own.
@@ -94,9 +99,10 @@ fn counts_as_disk(name: &str) -> bool {
         .any(|p| name.starts_with(p))
 }
 
-/// The sectors written, from a block device's `stat` line.
-fn sectors_written(stat: &str) -> Option<u64> {
-    stat.split_whitespace().nth(6)?.parse().ok()
+/// The sectors (read, written), from a block device's `stat` line.
+fn sectors_moved(stat: &str) -> Option<(u64, u64)> {
+    let field = |n| stat.split_whitespace().nth(n)?.parse().ok();
+    Some((field(2)?, field(6)?))
 }
 
 /// CPU time from `/proc/stat`'s first line, in the kernel's ticks.
@@ -162,7 +168,7 @@ pub struct StallProbe {
     stop: Arc<AtomicBool>,
     thread: JoinHandle<Stalls>,
     cpu: Option<(CpuTimes, u32)>,
-    written: Option<(u64, Instant)>,
+    moved: Option<((u64, u64), Instant)>,
 }
 
 impl StallProbe {
@@ -178,7 +184,7 @@ impl StallProbe {
             stop,
             thread,
             cpu: CpuTimes::now(),
-            written: disk_bytes_written().map(|b| (b, Instant::now())),
+            moved: disk_bytes().map(|b| (b, Instant::now())),
         })
     }
 
@@ -190,16 +196,15 @@ impl StallProbe {
             .and_then(|((before, cpus), (after, _))| {
                 before.between(after, cpus).map(|x| (x, cpus))
             });
-        let written = self
-            .written
-            .zip(disk_bytes_written())
-            .and_then(|((b, t), a)| {
-                let secs = t.elapsed().as_secs_f64();
-                (secs > 0.0).then(|| a.saturating_sub(b) as f64 / secs / 1e6)
-            });
+        let moved = self.moved.zip(disk_bytes()).and_then(|((b, t), a)| {
+            let secs = t.elapsed().as_secs_f64();
+            let rate = |after: u64, before: u64| after.saturating_sub(before) as f64 / secs / 1e6;
+            (secs > 0.0).then(|| (rate(a.0, b.0), rate(a.1, b.1)))
+        });
         self.stop.store(true, Ordering::Relaxed);
         let mut s = self.thread.join().unwrap_or_default();
-        s.disk_write_mb_s = written;
+        s.disk_read_mb_s = moved.map(|m| m.0);
+        s.disk_write_mb_s = moved.map(|m| m.1);
         if let Some(((busy, steal), cpus)) = cpu {
             s.busy_cpus = Some(busy);
             s.steal_pct = Some(steal);
@@ -238,22 +243,24 @@ pub fn table<'a>(title: &str, rows: impl IntoIterator<Item = (&'a str, [Stalls; 
 }
 
 /// The column names of [`Stalls::cells`].
-pub const COLUMNS: [&str; 5] = [
+pub const COLUMNS: [&str; 6] = [
     "stalls",
     "stall max ms",
     "CPUs busy",
     "steal %",
+    "disk MB/s read",
     "disk MB/s written",
 ];
 
 impl Stalls {
     /// Its cells under [`COLUMNS`]; `-` for what was not measured.
-    pub fn cells(&self) -> [serde_json::Value; 5] {
+    pub fn cells(&self) -> [serde_json::Value; 6] {
         [
             json!(self.stalls),
             json!(self.longest_ms),
             json!(self.busy_cpus),
             json!(self.steal_pct),
+            json!(self.disk_read_mb_s),
             json!(self.disk_write_mb_s),
         ]
     }
@@ -332,19 +339,20 @@ mod tests {
     }
 
     #[test]
-    fn a_block_devices_stat_gives_its_sectors_written_and_only_disks_count() {
+    fn a_block_devices_stat_gives_its_sectors_read_and_written_and_only_disks_count() {
         // reads, merged, sectors, ms, writes, merged, sectors, ms, ...
         let stat =
             "   1200      3   96000    500     4000     10  2048000   9000    0  1000  9500\n";
-        assert_eq!(sectors_written(stat), Some(2_048_000));
-        assert_eq!(sectors_written("1 2 3"), None);
+        assert_eq!(sectors_moved(stat), Some((96_000, 2_048_000)));
+        assert_eq!(sectors_moved("1 2 3"), None);
         assert!(counts_as_disk("vda") && counts_as_disk("nvme0n1") && counts_as_disk("sdb"));
         assert!(!counts_as_disk("loop3") && !counts_as_disk("dm-0") && !counts_as_disk("zram0"));
-        if disk_bytes_written().is_some() {
+        if disk_bytes().is_some() {
             let p = StallProbe::start().unwrap();
             std::thread::sleep(Duration::from_millis(20));
             let s = p.stop();
             assert!(s.disk_write_mb_s.is_some_and(|x| x >= 0.0), "{s:?}");
+            assert!(s.disk_read_mb_s.is_some_and(|x| x >= 0.0), "{s:?}");
         }
     }
 
