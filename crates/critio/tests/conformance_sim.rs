@@ -10,12 +10,12 @@
 
 mod common;
 
-use std::path::PathBuf;
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::conformance::{pattern, run_suite};
+use common::TempPath;
 use critio::context::Class;
 use critio::device::crash::CutReport;
 use critio::device::faulty::{FaultConfig, FaultyDevice};
@@ -26,26 +26,6 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
 const MIB: u64 = 1 << 20;
-
-/// A file under the temp dir, removed when dropped.
-struct TempFile(PathBuf);
-
-impl TempFile {
-    fn new(what: &str) -> Self {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos();
-        let name = format!("critio-{what}-{}-{nanos}.img", std::process::id());
-        TempFile(std::env::temp_dir().join(name))
-    }
-}
-
-impl Drop for TempFile {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
-}
 
 fn fast_hdd(capacity: u64, seed: u64) -> SimConfig {
     SimConfig {
@@ -76,7 +56,7 @@ fn sim_ssd_conforms() {
 
 #[test]
 fn sim_with_a_file_store_conforms() {
-    let file = TempFile::new("conform");
+    let file = TempPath::new(&std::env::temp_dir(), "conform.img");
     let dev = SimDevice::new(fast_ssd(4 * MIB, 3).with_file(&file.0)).unwrap();
     run_suite(Arc::new(dev));
 }
@@ -584,7 +564,7 @@ fn latency_spikes_delay_completions_without_blocking_the_submitter() {
 
 #[test]
 fn a_file_store_survives_a_reopen_and_a_power_cut() {
-    let file = TempFile::new("reopen");
+    let file = TempPath::new(&std::env::temp_dir(), "reopen.img");
     let config = fast_ssd(MIB, 6).with_file(&file.0);
     {
         let dev = SimDevice::new(config.clone()).unwrap();

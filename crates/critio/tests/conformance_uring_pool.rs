@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
 
+use common::TempPath;
 use critio::context::Class;
 use critio::device::pool::{PoolDevice, PoolOptions};
 use critio::device::uring::{
@@ -22,23 +23,6 @@ use critio::device::{submit_and_wait, AlignedBuf, Command, Device, DeviceOpenErr
 use rustix::thread::{capabilities, set_capabilities, CapabilitySet};
 
 const SIZE: u64 = 4 << 20;
-
-/// A file path that is removed when dropped.
-struct TempPath(PathBuf);
-
-impl TempPath {
-    fn new(dir: &Path, name: &str) -> Self {
-        let path = dir.join(format!("critio-{}-{name}", std::process::id()));
-        let _ = std::fs::remove_file(&path);
-        Self(path)
-    }
-}
-
-impl Drop for TempPath {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
-}
 
 /// A directory on a disk-backed filesystem.
 fn disk_dir() -> PathBuf {

@@ -5,6 +5,7 @@
 pub mod conformance;
 pub mod gate;
 
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use critio::context::{BlockingStatus, TaskRef};
@@ -35,4 +36,26 @@ pub fn seed_or(default: u64) -> u64 {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(default)
+}
+
+/// A file path under `dir`, unique to this process and moment (so tests
+/// running at once never share one), removed when dropped.
+pub struct TempPath(pub PathBuf);
+
+impl TempPath {
+    pub fn new(dir: &Path, name: &str) -> Self {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos();
+        let path = dir.join(format!("critio-{}-{nanos}-{name}", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        Self(path)
+    }
+}
+
+impl Drop for TempPath {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
 }
