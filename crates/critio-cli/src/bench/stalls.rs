@@ -27,11 +27,12 @@
 //! virtual machine the two explain each other: with the disk busy and
 //! the guest's CPUs mostly busy too, the host stops the whole guest for
 //! tens of milliseconds, which shows as steal and as stalls. So it also
-//! reads what the guest's disks wrote meanwhile (`/sys/block/*/stat`,
-//! whole disks, not loop or RAM devices, whose writes land on a disk
-//! counted already): on such a machine the rate at which a server's
-//! background writes is what the host makes every thread pay for, and a
-//! frontier measured at the same rate tells what any server could keep.
+//! reads what the guest's disks read and wrote meanwhile
+//! (`/sys/block/*/stat`, whole disks, not loop or RAM devices, whose I/O
+//! lands on a disk counted already): on such a machine the rate at which
+//! a server moves bytes (its background's writes, its misses' reads) is
+//! what the host makes every thread pay for, and a frontier measured at
+//! the same rates tells what any server could keep.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -276,8 +277,8 @@ pub fn describe<'a>(seen: impl IntoIterator<Item = &'a Stalls>) -> String {
         "stalls: how often a {} thread sleeping 1 ms at a time woke more than {} ms late \
          during that load ({}), and its latest wake-up; CPUs busy: the guest's CPUs busy \
          on average (of {cpus}); steal %: the share of their time the host took \
-         (/proc/stat); disk MB/s written: what the guest's disks wrote per second \
-         meanwhile, foreground and background (/sys/block/*/stat)",
+         (/proc/stat); disk MB/s read and written: what the guest's disks read and wrote \
+         per second meanwhile, foreground and background (/sys/block/*/stat)",
         if realtime {
             "real-time"
         } else {
