@@ -452,7 +452,7 @@ fn background_table(runs: &[Run]) -> Table {
 /// disk rates (`-` where it was not measured). So does it for a GET of
 /// the data four times the cache, whose misses read the device: beside
 /// a reader at rcp's read rate too.
-fn ceiling_table(runs: &[Run], with_redis: bool, frontiers: &[(&str, Vec<FrontierRow>)]) -> Table {
+fn ceiling_table(runs: &[Run], with_redis: bool, frontiers: &[(&Size, Vec<FrontierRow>)]) -> Table {
     let (redis, none, rcp) = (
         Kind::Redis,
         Kind::Critio(Scheme::None),
@@ -479,7 +479,7 @@ fn ceiling_table(runs: &[Run], with_redis: bool, frontiers: &[(&str, Vec<Frontie
                 }
                 let edge = frontiers
                     .iter()
-                    .find(|(s, _)| *s == size && test == "GET")
+                    .find(|(s, _)| s.name == size && test == "GET")
                     .and_then(|(_, rows)| frontier_p999(rows, rcp));
                 t.row(vec![
                     json!(size),
@@ -627,7 +627,7 @@ pub fn run(args: &BenchArgs) -> Result<Report, String> {
         Ok(_) => {
             for size in &sizes {
                 match frontier(size, &dir, &runs, &args.placement) {
-                    Ok(rows) => frontiers.push((size.name, rows)),
+                    Ok(rows) => frontiers.push((size, rows)),
                     Err(why) => eprintln!("kv-vs-redis: no {} frontier: {why}", size.name),
                 }
             }
@@ -636,8 +636,7 @@ pub fn run(args: &BenchArgs) -> Result<Report, String> {
     }
     let mut tables: Vec<Table> = sizes.iter().map(|s| latency_table(&runs, s)).collect();
     tables.push(background_table(&runs));
-    for (name, rows) in &frontiers {
-        let size = sizes.iter().find(|s| s.name == *name).expect("a size run");
+    for (size, rows) in &frontiers {
         tables.push(frontier_table(rows, size));
     }
     tables.push(ceiling_table(&runs, redis.is_ok(), &frontiers));
