@@ -102,11 +102,10 @@ impl Inner {
                 .begin_writeback(i, runs[run_of[&i]].pending.clone());
         }
         for run in &mut runs {
-            let mut buf = AlignedBuf::zeroed(run.pages.len() * self.page);
-            for (k, &i) in run.pages.iter().enumerate() {
+            let mut buf = AlignedBuf::with_capacity(run.pages.len() * self.page);
+            for &i in &run.pages {
                 core = core.bump();
-                buf.as_mut_slice()[k * self.page..(k + 1) * self.page]
-                    .copy_from_slice(core.frames.data(i));
+                buf.extend_from_slice(core.frames.data(i));
             }
             run.buf = buf;
         }

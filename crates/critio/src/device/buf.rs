@@ -33,11 +33,61 @@ impl AlignedBuf {
         Self { raw, start, len }
     }
 
-    /// A buffer holding a copy of `data`.
+    /// A buffer holding a copy of `data` (written once: not zeroed first).
     pub fn from_slice(data: &[u8]) -> Self {
-        let mut b = Self::zeroed(data.len());
-        b.as_mut_slice().copy_from_slice(data);
+        let mut b = Self::with_capacity(data.len());
+        b.extend_from_slice(data);
         b
+    }
+
+    /// An empty buffer with room for `capacity` bytes, to be filled with
+    /// [`AlignedBuf::extend_from_slice`] and [`AlignedBuf::extend_zeros`]:
+    /// a buffer gathered from pieces (a writeback run's pages, a log
+    /// batch's records) has each byte written once, where
+    /// [`AlignedBuf::zeroed`] would write every byte twice (`perf` of the
+    /// background jobs showed the zeroing as 2-3% of each job's samples).
+    pub fn with_capacity(capacity: usize) -> Self {
+        let mut raw = Vec::with_capacity(capacity + BUF_ALIGN);
+        let misalign = raw.as_ptr() as usize % BUF_ALIGN;
+        let start = if misalign == 0 {
+            0
+        } else {
+            BUF_ALIGN - misalign
+        };
+        raw.resize(start, 0);
+        debug_assert_eq!((raw.as_ptr() as usize + start) % BUF_ALIGN, 0);
+        Self { raw, start, len: 0 }
+    }
+
+    /// Appends `data`.
+    ///
+    /// # Panics
+    ///
+    /// If it does not fit in the capacity the buffer was made with: the
+    /// vector would move, and its contents lose their alignment.
+    pub fn extend_from_slice(&mut self, data: &[u8]) {
+        self.reserve_in_place(data.len());
+        self.raw.extend_from_slice(data);
+        self.len += data.len();
+    }
+
+    /// Appends `n` zero bytes (padding).
+    ///
+    /// # Panics
+    ///
+    /// As [`AlignedBuf::extend_from_slice`].
+    pub fn extend_zeros(&mut self, n: usize) {
+        self.reserve_in_place(n);
+        self.raw.resize(self.raw.len() + n, 0);
+        self.len += n;
+    }
+
+    fn reserve_in_place(&mut self, n: usize) {
+        assert!(
+            self.raw.len() + n <= self.raw.capacity(),
+            "an AlignedBuf of {} bytes has no room for {n} more: it grows only within its capacity",
+            self.len
+        );
     }
 
     /// An empty buffer (for flushes).
@@ -105,5 +155,31 @@ mod tests {
         let c = AlignedBuf::from_slice(b"abc");
         assert_eq!(c.as_slice(), b"abc");
         assert_eq!(c.clone(), c);
+    }
+
+    #[test]
+    fn a_buffer_gathered_in_pieces_is_aligned_and_holds_them_in_order() {
+        for cap in [0, 3, 4096, 3 * 4096 + 100] {
+            let mut b = AlignedBuf::with_capacity(cap);
+            assert!(b.is_empty());
+            let half = cap / 2;
+            b.extend_from_slice(&vec![7; half]);
+            b.extend_zeros(cap - half);
+            assert_eq!(b.len(), cap);
+            if cap > 0 {
+                assert_eq!(b.as_slice().as_ptr() as usize % BUF_ALIGN, 0);
+            }
+            assert!(b.as_slice()[..half].iter().all(|&x| x == 7));
+            assert!(b.as_slice()[half..].iter().all(|&x| x == 0));
+        }
+    }
+
+    #[test]
+    #[should_panic(expected = "grows only within its capacity")]
+    fn a_gathered_buffer_never_grows_past_its_capacity() {
+        let mut b = AlignedBuf::with_capacity(4);
+        b.extend_from_slice(b"abcd");
+        // Whatever slack the allocation has, this is past it.
+        b.extend_zeros(1 << 20);
     }
 }

@@ -234,12 +234,11 @@ fn batch_extent(sizes: impl Iterator<Item = u64>, max: u64) -> (usize, u64) {
 /// Writes and flushes a batch, in the writer's current class. On failure,
 /// says which operation failed.
 pub(crate) fn write_batch(sh: &Shared, b: &Batch) -> Result<(), Poison> {
-    let mut buf = AlignedBuf::zeroed(b.padded as usize);
-    let mut at = 0;
+    let mut buf = AlignedBuf::with_capacity(b.padded as usize);
     for r in &b.records {
-        buf.as_mut_slice()[at..at + r.len()].copy_from_slice(r);
-        at += r.len();
+        buf.extend_from_slice(r);
     }
+    buf.extend_zeros(b.padded as usize - buf.len());
     let offset = sh.geo.device_offset(b.start_v);
     let fail = |op: &str, cause: BlockError| Poison {
         failed: format!(
