@@ -311,7 +311,44 @@ const fn reader_of(bs_kib: u32) -> Option<Background> {
 /// reader ([`Antagonist::reader`]).
 pub struct Antagonist {
     child: std::process::Child,
-    file: std::path::PathBuf,
+    /// The file it removes when dropped (its own), if any.
+    file: Option<PathBuf>,
+}
+
+/// The file readers read ([`Antagonist::reader`]), of [`READER_FILE_BYTES`],
+/// laid out once for all of them (writing it just before each reader
+/// would put half a gigabyte of writes, and the host's flush of them,
+/// right before every load beside one); removed when dropped.
+pub struct ReaderFile {
+    path: PathBuf,
+}
+
+impl ReaderFile {
+    /// Writes the file in `dir` (so every read of it goes to the device:
+    /// a hole reads as zeros without one).
+    pub fn lay_out(dir: &Path) -> Result<Self, String> {
+        let path = dir.join("fio-reader.dat");
+        let layout = Command::new("fio")
+            .args(layout_args(&path))
+            .stdout(std::process::Stdio::null())
+            .output()
+            .map_err(|e| format!("cannot run fio: {e}"))?;
+        let file = ReaderFile { path };
+        if !layout.status.success() {
+            return Err(format!(
+                "fio could not write the reader's file ({}): {}",
+                layout.status,
+                String::from_utf8_lossy(&layout.stderr).trim()
+            ));
+        }
+        Ok(file)
+    }
+}
+
+impl Drop for ReaderFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
 }
 
 /// How long an [`Antagonist`] waits after it starts before the load beside
@@ -329,31 +366,25 @@ impl Antagonist {
     /// own words).
     pub fn writer(dir: &Path, bytes_per_s: u64, cpus: Option<&[usize]>) -> Result<Self, String> {
         let file = dir.join("fio-writer.dat");
-        Self::spawn(writer_args(&file, bytes_per_s), file, cpus)
+        Self::spawn(writer_args(&file, bytes_per_s), Some(file), cpus)
     }
 
     /// Random `O_DIRECT` reads of 4 KiB, 16 in flight (a server's misses:
-    /// one page each, many clients), at `reads_per_s`, of a file of
-    /// [`READER_FILE_BYTES`] in `dir` it writes first; on `cpus` if given.
-    pub fn reader(dir: &Path, reads_per_s: u64, cpus: Option<&[usize]>) -> Result<Self, String> {
-        let file = dir.join("fio-reader.dat");
-        let layout = Command::new("fio")
-            .args(layout_args(&file))
-            .stdout(std::process::Stdio::null())
-            .output()
-            .map_err(|e| format!("cannot run fio: {e}"))?;
-        if !layout.status.success() {
-            let _ = std::fs::remove_file(&file);
-            return Err(format!(
-                "fio could not write the reader's file ({}): {}",
-                layout.status,
-                String::from_utf8_lossy(&layout.stderr).trim()
-            ));
-        }
-        Self::spawn(reader_args(&file, reads_per_s), file, cpus)
+    /// one page each, many clients), at `reads_per_s`, of `file`; on
+    /// `cpus` if given.
+    pub fn reader(
+        file: &ReaderFile,
+        reads_per_s: u64,
+        cpus: Option<&[usize]>,
+    ) -> Result<Self, String> {
+        Self::spawn(reader_args(&file.path, reads_per_s), None, cpus)
     }
 
-    fn spawn(args: Vec<String>, file: PathBuf, cpus: Option<&[usize]>) -> Result<Self, String> {
+    fn spawn(
+        args: Vec<String>,
+        file: Option<PathBuf>,
+        cpus: Option<&[usize]>,
+    ) -> Result<Self, String> {
         let mut cmd = Command::new("fio");
         cmd.args(args)
             .stdout(std::process::Stdio::null())
@@ -363,7 +394,9 @@ impl Antagonist {
         }) {
             Ok(child) => child,
             Err(why) => {
-                let _ = std::fs::remove_file(&file);
+                if let Some(file) = &file {
+                    let _ = std::fs::remove_file(file);
+                }
                 return Err(why);
             }
         };
@@ -434,7 +467,9 @@ impl Drop for Antagonist {
     fn drop(&mut self) {
         super::peers::kill_tree(self.child.id());
         let _ = self.child.wait();
-        let _ = std::fs::remove_file(&self.file);
+        if let Some(file) = &self.file {
+            let _ = std::fs::remove_file(file);
+        }
     }
 }
 
@@ -555,27 +590,36 @@ mod tests {
         }
         let dir = std::env::temp_dir().join(format!("critio-fio-w-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        for (a, name) in [
-            (Antagonist::writer(&dir, 8 << 20, None), "fio-writer.dat"),
-            (Antagonist::reader(&dir, 500, None), "fio-reader.dat"),
-        ] {
-            let file = dir.join(name);
-            match a {
-                Ok(mut a) => {
-                    assert!(
-                        a.child.try_wait().unwrap().is_none(),
-                        "{name}: still running"
-                    );
-                    drop(a);
-                    assert!(!file.exists(), "{name}: removed once it stopped");
-                }
-                // A file system without O_DIRECT (tmpfs) is not a device.
-                Err(e) => {
-                    eprintln!("skipped: {e}");
-                    assert!(!file.exists(), "{name}: left behind");
-                }
+        // Each runs, and stops when dropped; the writer's file goes with it.
+        // A file system without O_DIRECT (tmpfs) is not a device: skipped.
+        let check = |a: Result<Antagonist, String>, name: &str| match a {
+            Ok(mut a) => {
+                assert!(
+                    a.child.try_wait().unwrap().is_none(),
+                    "{name}: still running"
+                );
+                drop(a);
             }
+            Err(e) => eprintln!("skipped: {e}"),
+        };
+        check(Antagonist::writer(&dir, 8 << 20, None), "writer");
+        assert!(
+            !dir.join("fio-writer.dat").exists(),
+            "the writer's file goes"
+        );
+        let reader_file = dir.join("fio-reader.dat");
+        match ReaderFile::lay_out(&dir) {
+            Ok(f) => {
+                // Two readers of one file, one after the other: the file
+                // outlives them, and goes with the ReaderFile.
+                check(Antagonist::reader(&f, 500, None), "reader");
+                assert!(reader_file.exists(), "a reader leaves the file");
+                check(Antagonist::reader(&f, 500, None), "second reader");
+                drop(f);
+            }
+            Err(e) => eprintln!("skipped: {e}"),
         }
+        assert!(!reader_file.exists(), "the reader's file goes");
         let _ = std::fs::remove_dir_all(&dir);
     }
 

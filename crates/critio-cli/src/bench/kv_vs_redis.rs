@@ -14,7 +14,8 @@
 //!      with no I/O of its own, the same GET load alone and beside fio
 //!      held to what each server's disks moved in its GET load under the
 //!      loop (a writer at its write rate; a reader of random pages at its
-//!      read rate, where it read: critio-kv's misses at 4x)
+//!      read rate, where it read: critio-kv's misses at 4x; the readers'
+//!      file is written once, before the preload)
 //!  then fio on the same file system: a log commit's O_DSYNC write alone,
 //!  next to a writer held to a static rate and to an unpaced one, and
 //!  random reads from one thread with 16 in flight and from 16 threads
@@ -196,17 +197,28 @@ fn frontier(
     placement: &Placement,
 ) -> Result<Vec<FrontierRow>, String> {
     let pb = progress_bar(&format!("{} frontier", size.name));
+    let rates: Vec<_> = PEERS
+        .iter()
+        .filter_map(|&kind| {
+            let run = runs
+                .iter()
+                .find(|r| r.kind == kind && r.size == size.name && r.background)?;
+            let moved = &run.stalls[1];
+            let read = moved.disk_read_mb_s.filter(|&r| r >= READER_MIN_MB_S);
+            Some((Some(kind), read, Some(moved.disk_write_mb_s?)))
+        })
+        .collect();
+    // The readers' file first, once: every row then follows the preload,
+    // none the writing of the file.
+    let reader_file = if rates.iter().any(|r| r.1.is_some()) {
+        pb.set_message("the readers' file");
+        Some(fio::ReaderFile::lay_out(dir)?)
+    } else {
+        None
+    };
     let peer = Peer::redis_in_memory(&dir.join("frontier"), placement)?;
     pb.set_message("preload");
     peer.preload(size.keys, VALUE_BYTES, &pb)?;
-    let rates = PEERS.iter().filter_map(|&kind| {
-        let run = runs
-            .iter()
-            .find(|r| r.kind == kind && r.size == size.name && r.background)?;
-        let moved = &run.stalls[1];
-        let read = moved.disk_read_mb_s.filter(|&r| r >= READER_MIN_MB_S);
-        Some((Some(kind), read, Some(moved.disk_write_mb_s?)))
-    });
     let cpus = placement.server.as_deref();
     let mut rows = Vec::new();
     for (rate_of, read_mb_s, write_mb_s) in std::iter::once((None, None, None)).chain(rates) {
@@ -215,13 +227,13 @@ fn frontier(
             (Some(r), Some(w)) => format!("GET beside fio reading {r:.0} MB/s, writing {w:.0}"),
             (_, w) => format!("GET beside fio writing {:.0} MB/s", w.unwrap_or(0.0)),
         });
-        let reader = match read_mb_s {
-            Some(r) => Some(Antagonist::reader(
-                dir,
+        let reader = match (read_mb_s, &reader_file) {
+            (Some(r), Some(file)) => Some(Antagonist::reader(
+                file,
                 (r * 1e6 / READ_BYTES) as u64,
                 cpus,
             )?),
-            None => None,
+            _ => None,
         };
         let writer = match write_mb_s {
             Some(w) => Some(Antagonist::writer(dir, (w * 1e6) as u64, cpus)?),
