@@ -8,9 +8,12 @@
 //!
 //! `CRITIO_SCALE_KEYS` (default 10000000) and `CRITIO_SCALE_DIR` (default
 //! the temporary directory) change its size and place. It prints how long
-//! each step took and the read rate with few keys and with all of them
-//! (nothing on a request's path may grow with the key count), and checks
-//! that every key is there, before and after reopening.
+//! each step took, the read rate with few keys and with all of them
+//! (nothing on a request's path may grow with the key count), and the
+//! memory the process grew by per key once the cache's memory was backed
+//! (the index, mostly; with `cache.prefault` unable to back it, the
+//! cache's pages count too), and checks that every key is there, before
+//! and after reopening.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
