@@ -778,13 +778,15 @@ pub(super) mod tests {
         let e = open(&dev);
         let value = vec![5u8; 16 << 10];
         // The fill and the sweep its refusal asks for (which finds every key
-        // live) end before the keys expire, or that sweep would drop them
-        // and nothing after the expiry would be refused: the writes are a
-        // request's (a background writer is throttled to a few dirty pages
-        // of this 1 MiB cache, and its fill took seconds), and the keys
-        // live long enough for a busy machine.
+        // live, and copies them all) must end before the keys expire, or
+        // that sweep would drop them and nothing after the expiry would be
+        // refused: the writes are a request's (a background writer is
+        // throttled to a few dirty pages of this 1 MiB cache, and its fill
+        // took seconds), the test waits for that sweep, and the keys live
+        // long enough for a busy machine (fill and sweep took up to 4 s here
+        // with three other threads spinning on two cores).
         let _fg = critio::context::foreground();
-        let expire = now_ms() + 2000;
+        let expire = now_ms() + 10_000;
         let ttl = SetOptions {
             expire_at_ms: Some(expire),
             ..SetOptions::default()
@@ -798,14 +800,23 @@ pub(super) mod tests {
             }
         }
         assert!(n > 100, "{n} keys fill the live-data limit");
-        assert!(now_ms() < expire, "the fill took longer than the keys live");
+        wait_until("the sweep the fill asked for ends", || {
+            e.background_stats().expiry_sweeps >= 1
+        });
+        assert!(
+            now_ms() < expire,
+            "the fill and its sweep took longer than the keys live"
+        );
         while now_ms() <= expire {
             std::thread::sleep(Duration::from_millis(20));
         }
+        // The write refused last, again: a smaller one (a shorter key) could
+        // fit in what the fill left under the limit.
+        let refused_key = format!("ttl{n}").into_bytes();
         let start = Instant::now();
         let mut refused = 0;
         loop {
-            match e.set(b"fresh", &value, SetOptions::default()) {
+            match e.set(&refused_key, &value, SetOptions::default()) {
                 Ok(_) => break,
                 Err(EngineError::NoSpace) => refused += 1,
                 Err(err) => panic!("{err}"),
@@ -817,10 +828,15 @@ pub(super) mod tests {
             );
             std::thread::sleep(Duration::from_millis(20));
         }
-        assert!(refused >= 1, "the first write after the expiry was refused");
-        // (taken as soon as the sweep, still going, freed enough)
-        wait_until("the sweep ends", || e.background_stats().expiry_sweeps >= 1);
-        assert_eq!(e.get(b"fresh").unwrap(), Some(value.clone()));
+        assert!(
+            refused >= 1,
+            "the first write after the expiry was taken before any sweep"
+        );
+        // (taken as soon as the second sweep, still going, freed enough)
+        wait_until("the second sweep ends", || {
+            e.background_stats().expiry_sweeps >= 2
+        });
+        assert_eq!(e.get(&refused_key).unwrap(), Some(value.clone()));
         for i in (0..n).step_by(37) {
             assert_eq!(e.get(format!("ttl{i}").as_bytes()).unwrap(), None);
         }
