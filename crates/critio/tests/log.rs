@@ -1160,11 +1160,12 @@ fn a_foreground_commit_makes_the_busy_log_writer_critical() {
     let fg = rx.recv().unwrap();
     wait_blocked(&fg, BlockingStatus::Condvar { name: COMMIT_POINT });
     wait_until("the log writer inherits", || writer.is_critical());
-    assert!(
-        matches!(writer.blocking_status(), Some(BlockingStatus::Io { .. })),
-        "the writer is blocked on its batch write: {:?}",
-        writer.blocking_status()
-    );
+    // The batch reached the gate when it was submitted; the writer says it
+    // waits for it a moment later, when it calls `wait` (a loaded machine
+    // can preempt it in between).
+    wait_until("the writer is blocked on its batch write", || {
+        matches!(writer.blocking_status(), Some(BlockingStatus::Io { .. }))
+    });
     assert!(!writer.is_foreground());
 
     // Release the background batch: its flush is issued by the critical
