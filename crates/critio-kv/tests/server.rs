@@ -266,6 +266,8 @@ fn info_and_config_get() {
         "checkpoints:",
         "scheme:rcp",
         "block_critical_completions:",
+        "block_critical_clean_us:",
+        "block_critical_mixed_us:",
         "cache_hits:",
         "log_records:",
         "inherit_lock:",

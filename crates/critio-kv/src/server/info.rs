@@ -408,6 +408,13 @@ fn block(s: &Shared, out: &mut String) {
         st.background_own_mib_s
             .map_or("unknown".to_owned(), |r| format!("{r:.1}")),
     );
+    // What the adaptive cap decides on: critical device latency with no
+    // background about (the clean baseline) and with it (the last window's
+    // trimmed mean); it cuts while the second is over target_ratio times
+    // the first.
+    let us = |v: Option<f64>| v.map_or("unknown".to_owned(), |v| format!("{v:.0}"));
+    kv(out, "block_critical_clean_us", us(st.auto_clean_us));
+    kv(out, "block_critical_mixed_us", us(st.auto_mixed_us));
 }
 
 fn cache(s: &Shared, out: &mut String) {

@@ -359,6 +359,23 @@ fn block(out: &mut Out, b: &Backend) -> fmt::Result {
             mib_s * f64::from(1u32 << 20),
         )?;
     }
+    for (name, help, us) in [
+        (
+            "block_critical_clean_device_seconds",
+            "The adaptive cap's baseline: critical device latency with no background about.",
+            st.auto_clean_us,
+        ),
+        (
+            "block_critical_mixed_device_seconds",
+            "Critical device latency with background at the device (the adaptive cap's \
+             last window, its slowest sample dropped).",
+            st.auto_mixed_us,
+        ),
+    ] {
+        if let Some(us) = us {
+            out.gauge(name, help, None, us / 1e6)?;
+        }
+    }
     Ok(())
 }
 
