@@ -275,7 +275,15 @@ fn no_classes_scheme_dispatches_in_arrival_order_without_a_cap() {
 #[test]
 fn a_thread_background_level_orders_its_writeback_below_higher_levels() {
     let dev = GateDevice::new(32);
-    let l = layer(dev.clone(), BlockConfig::default()); // rcp, cap 1
+    // rcp, cap 1, and a starvation period longer than the test: with the
+    // default 10 ms, a loaded machine that takes that long to start the
+    // three submitting threads has the timer send the longest-waiting
+    // request (the lowest level's) first, as it should.
+    let cfg = BlockConfig {
+        starvation_period_ms: 10_000,
+        ..BlockConfig::default()
+    };
+    let l = layer(dev.clone(), cfg);
     let blocker = l.write_async(0, page(0)).unwrap(); // fills the cap
     dev.wait_arrivals(1);
     let submit_at = |level: u8, offset: u64| {
