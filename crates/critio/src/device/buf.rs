@@ -19,17 +19,19 @@ pub struct AlignedBuf {
     len: usize,
 }
 
+/// How far past `ptr` (a vector's allocation, one alignment unit larger
+/// than the buffer needs) the first [`BUF_ALIGN`]-aligned byte is.
+fn aligned_start(ptr: *const u8) -> usize {
+    let start = (BUF_ALIGN - ptr as usize % BUF_ALIGN) % BUF_ALIGN;
+    debug_assert_eq!((ptr as usize + start) % BUF_ALIGN, 0);
+    start
+}
+
 impl AlignedBuf {
     /// A zeroed buffer of `len` bytes.
     pub fn zeroed(len: usize) -> Self {
         let raw = vec![0u8; len + BUF_ALIGN];
-        let misalign = raw.as_ptr() as usize % BUF_ALIGN;
-        let start = if misalign == 0 {
-            0
-        } else {
-            BUF_ALIGN - misalign
-        };
-        debug_assert_eq!((raw.as_ptr() as usize + start) % BUF_ALIGN, 0);
+        let start = aligned_start(raw.as_ptr());
         Self { raw, start, len }
     }
 
@@ -49,14 +51,8 @@ impl AlignedBuf {
     /// writeback thread's zeroing as 3% of the samples).
     pub fn with_capacity(capacity: usize) -> Self {
         let mut raw = Vec::with_capacity(capacity + BUF_ALIGN);
-        let misalign = raw.as_ptr() as usize % BUF_ALIGN;
-        let start = if misalign == 0 {
-            0
-        } else {
-            BUF_ALIGN - misalign
-        };
+        let start = aligned_start(raw.as_ptr());
         raw.resize(start, 0);
-        debug_assert_eq!((raw.as_ptr() as usize + start) % BUF_ALIGN, 0);
         Self { raw, start, len: 0 }
     }
 
