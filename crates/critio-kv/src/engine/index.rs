@@ -81,6 +81,18 @@ impl Key {
     }
 }
 
+impl AsRef<[u8]> for Key {
+    fn as_ref(&self) -> &[u8] {
+        self.bytes()
+    }
+}
+
+impl From<&[u8]> for Key {
+    fn from(key: &[u8]) -> Key {
+        Key::new(key)
+    }
+}
+
 /// A key and where its latest record is: one slot of a stripe's table.
 struct Slot {
     key: Key,
@@ -104,6 +116,22 @@ pub(crate) struct Stripe {
     /// While a snapshot runs: what each key changed since it started
     /// pointed at then (None: it was absent).
     pre: HashTable<(Key, Option<Loc>)>,
+}
+
+/// Saves where `key` (hashed to `h`) pointed when the running snapshot
+/// started, unless an earlier change since then already did: the first
+/// change's previous location is the one the snapshot reads.
+fn keep_first<K: AsRef<[u8]> + Into<Key>>(
+    pre: &mut HashTable<(Key, Option<Loc>)>,
+    hasher: &RandomState,
+    h: u64,
+    key: K,
+    then: Option<Loc>,
+) {
+    let rehash = |(k, _): &(Key, Option<Loc>)| hasher.hash_one(k.bytes());
+    if let Entry::Vacant(v) = pre.entry(h, |(k, _)| k.bytes() == key.as_ref(), rehash) {
+        v.insert((key.into(), then));
+    }
 }
 
 impl Stripe {
@@ -144,10 +172,7 @@ impl Stripe {
             },
         };
         if snapshot && old != loc {
-            let rehash = |(k, _): &(Key, Option<Loc>)| hasher.hash_one(k.bytes());
-            if let Entry::Vacant(v) = pre.entry(h, |(k, _)| k.bytes() == key, rehash) {
-                v.insert((Key::new(key), old));
-            }
+            keep_first(pre, hasher, h, key, old);
         }
         old
     }
@@ -181,10 +206,7 @@ impl Stripe {
         for Slot { key, loc } in map.drain() {
             if snapshot {
                 let h = hasher.hash_one(key.bytes());
-                let rehash = |(k, _): &(Key, Option<Loc>)| hasher.hash_one(k.bytes());
-                if let Entry::Vacant(v) = pre.entry(h, |(k, _)| k.bytes() == key.bytes(), rehash) {
-                    v.insert((key, Some(loc)));
-                }
+                keep_first(pre, hasher, h, key, Some(loc));
             }
         }
         map.shrink_to_fit(|s| hasher.hash_one(s.key.bytes()));
