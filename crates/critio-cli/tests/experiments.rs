@@ -144,6 +144,16 @@ fn every_experiment_runs_short_and_reports() {
         if name == "kv-vs-redis" {
             // Each p99.9 ratio beside what the same run allows it.
             assert!(out.contains("their ceiling in this run"), "{out}");
+            // critio-kv's own account of each load: its rounds' parts and
+            // its critical device time, read after the load.
+            assert!(out.contains("inside critio-kv, per load"), "{out}");
+            assert!(
+                out.lines().any(|l| l.starts_with("fits")
+                    && l.contains("critio-kv rcp")
+                    && l.contains("background")
+                    && l.contains(" SET ")),
+                "{out}"
+            );
         }
         if name == "kv-vs-redis" && which("fio").is_some() {
             // The device's own floor is measured in the same run.

@@ -9,6 +9,8 @@
 //!      alone:      redis-benchmark -t set, then -t get   (-c 20 -r KEYS -d 1024)
 //!      background: the same, while BGSAVE and BGREWRITEAOF run back to back
 //!                  (each waited for); critio-kv also checkpoints every second, always
+//!      critio-kv: CONFIG RESETSTAT before each load, INFO after it: where its
+//!                  rounds' time went, its critical device time, its longest wait
 //!      stop it, remove DIR
 //!  the machine's frontier for a GET (each size): a stock redis-server
 //!      with no I/O of its own, the same GET load alone and beside fio
@@ -143,6 +145,8 @@ struct Run {
     checkpoints: u64,
     /// The machine's stalls during the SET and the GET load.
     stalls: [Stalls; 2],
+    /// critio-kv's own account of each test (SET, GET); None for Redis.
+    inside: [Option<Inside>; 2],
     /// The server's event loops' run-queue wait during the SET and the
     /// GET load, in ms per s ([`super::runq`]).
     runq: [Option<f64>; 2],
@@ -152,6 +156,92 @@ impl Run {
     fn jobs_per_s(&self) -> f64 {
         self.rounds.jobs() / self.seconds.max(1e-9)
     }
+}
+
+/// What critio-kv's INFO says of one load, read after it with the
+/// figures reset before it (CONFIG RESETSTAT): where its worker rounds
+/// spent their time (a reply waits for all of its round: running the
+/// requests, the one log commit, sending the replies), what its critical
+/// I/O took at the device, and the longest critical wait. Set beside the
+/// client's tail, they say whether that tail is the device's, the log's,
+/// a wait on background work, or none of them (the machine's).
+#[derive(Clone, Debug, Default, PartialEq)]
+struct Inside {
+    /// Worker rounds.
+    rounds: u64,
+    /// p99.9 of the rounds' run, commit and send parts, in ms.
+    run_p999_ms: f64,
+    commit_p999_ms: f64,
+    send_p999_ms: f64,
+    /// Critical requests the block layer timed at the device.
+    critical_ios: u64,
+    /// Their device time: p50, p99.9 and max, in ms.
+    device_p50_ms: f64,
+    device_p999_ms: f64,
+    device_max_ms: f64,
+    /// The critical wait point with the longest single wait (other than
+    /// the block queue, whose device time is above), and that wait in ms.
+    longest_wait: Option<(String, f64)>,
+}
+
+impl Inside {
+    fn from_info(info: &str) -> Inside {
+        let hist = |key: &str| Histogram::parse(info, key).unwrap_or_default();
+        let (run, commit, send) = (hist("round_run"), hist("round_commit"), hist("round_send"));
+        let device = hist("block_critical_device_time");
+        let longest_wait = info
+            .lines()
+            .filter_map(|l| {
+                let (point, fields) = l.strip_prefix("critical_wait_")?.split_once(':')?;
+                let max = field(fields, "max_ms")?;
+                let waits = field(fields, "waits")?;
+                (point != "block_queue" && waits > 0.0).then(|| (point.to_owned(), max))
+            })
+            .max_by(|a, b| a.1.total_cmp(&b.1));
+        Inside {
+            rounds: run.count,
+            run_p999_ms: run.p999_us / 1e3,
+            commit_p999_ms: commit.p999_us / 1e3,
+            send_p999_ms: send.p999_us / 1e3,
+            critical_ios: device.count,
+            device_p50_ms: device.p50_us / 1e3,
+            device_p999_ms: device.p999_us / 1e3,
+            device_max_ms: device.max_us / 1e3,
+            longest_wait,
+        }
+    }
+}
+
+/// One of critio-kv's INFO histograms
+/// (`key:count=N,mean_us=..,p50_us=..,p99_us=..,p999_us=..,max_us=..`).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+struct Histogram {
+    count: u64,
+    p50_us: f64,
+    p999_us: f64,
+    max_us: f64,
+}
+
+impl Histogram {
+    fn parse(info: &str, key: &str) -> Option<Histogram> {
+        let fields = info
+            .lines()
+            .find_map(|l| l.strip_prefix(key)?.strip_prefix(':'))?;
+        Some(Histogram {
+            count: field(fields, "count")? as u64,
+            p50_us: field(fields, "p50_us")?,
+            p999_us: field(fields, "p999_us")?,
+            max_us: field(fields, "max_us")?,
+        })
+    }
+}
+
+/// The value of `name=value` in a comma-separated INFO field list.
+fn field(fields: &str, name: &str) -> Option<f64> {
+    fields
+        .trim()
+        .split(',')
+        .find_map(|f| f.strip_prefix(name)?.strip_prefix('=')?.parse().ok())
 }
 
 fn checkpoints(peer: &Peer) -> u64 {
@@ -331,11 +421,20 @@ fn run_peer(
         let started = Instant::now();
         let loops = event_loops(kind);
         let bench = |test, n| {
+            // critio-kv's figures start afresh for each load, so they say
+            // what this load alone met.
+            if matches!(kind, Kind::Critio(_)) {
+                peer.reset_stats()?;
+            }
             let before = RunQueue::sample(peer.pid(), loops);
             let out = probed(|| benchmark(&peer, test, n, CLIENTS, size.keys, VALUE_BYTES));
             let after = RunQueue::sample(peer.pid(), loops);
             let runq = before.zip(after).and_then(|(b, a)| b.ms_per_s(&a));
-            out.map(|(result, stalls)| (result, stalls, runq))
+            let inside = match kind {
+                Kind::Critio(_) => Some(Inside::from_info(&peer.info()?)),
+                Kind::Redis => None,
+            };
+            out.map(|(result, stalls)| (result, stalls, runq, inside))
         };
         let set = bench("set", size.set_requests);
         let get = bench("get", size.get_requests);
@@ -344,7 +443,8 @@ fn run_peer(
             Some(bg) => bg.stop()?,
             None => Rounds::default(),
         };
-        let ((set, set_stalls, set_runq), (get, get_stalls, get_runq)) = (set?, get?);
+        let ((set, set_stalls, set_runq, set_inside), (get, get_stalls, get_runq, get_inside)) =
+            (set?, get?);
         runs.push(Run {
             kind,
             size: size.name,
@@ -355,6 +455,7 @@ fn run_peer(
             rounds,
             checkpoints: checkpoints(&peer).saturating_sub(ckpt),
             stalls: [set_stalls, get_stalls],
+            inside: [set_inside, get_inside],
             runq: [set_runq, get_runq],
         });
     }
@@ -417,6 +518,57 @@ fn latency_table(runs: &[Run], size: &Size) -> Table {
             row.extend(st.cells());
             row.push(json!(runq));
             t.row(row);
+        }
+    }
+    t
+}
+
+fn inside_table(runs: &[Run]) -> Table {
+    let mut t = Table::new(
+        "inside critio-kv, per load (INFO after it, its figures reset before it): p99.9 of the worker \
+         rounds' parts (a reply waits for its whole round: running the requests, the one log commit, \
+         sending the replies); the critical I/O the block layer timed at the device; the critical \
+         wait point with the longest single wait (the block queue's aside)",
+        &[
+            "size",
+            "server",
+            "phase",
+            "test",
+            "rounds",
+            "run p99.9 ms",
+            "commit p99.9 ms",
+            "send p99.9 ms",
+            "critical I/Os",
+            "device p50 ms",
+            "device p99.9 ms",
+            "device max ms",
+            "longest wait",
+            "its max ms",
+        ],
+    );
+    for r in runs {
+        for (test, inside) in ["SET", "GET"].into_iter().zip(&r.inside) {
+            let Some(i) = inside else { continue };
+            let (point, max) = match &i.longest_wait {
+                Some((p, m)) => (json!(p), json!(m)),
+                None => (json!("-"), json!("-")),
+            };
+            t.row(vec![
+                json!(r.size),
+                json!(r.kind.label()),
+                json!(if r.background { "background" } else { "alone" }),
+                json!(test),
+                json!(i.rounds),
+                json!(i.run_p999_ms),
+                json!(i.commit_p999_ms),
+                json!(i.send_p999_ms),
+                json!(i.critical_ios),
+                json!(i.device_p50_ms),
+                json!(i.device_p999_ms),
+                json!(i.device_max_ms),
+                point,
+                max,
+            ]);
         }
     }
     t
@@ -648,6 +800,7 @@ pub fn run(args: &BenchArgs) -> Result<Report, String> {
     }
     let mut tables: Vec<Table> = sizes.iter().map(|s| latency_table(&runs, s)).collect();
     tables.push(background_table(&runs));
+    tables.push(inside_table(&runs));
     for (size, rows) in &frontiers {
         tables.push(frontier_table(rows, size));
     }
@@ -682,4 +835,39 @@ pub fn run(args: &BenchArgs) -> Result<Report, String> {
         tables,
         targets: targets(&runs, redis.is_ok()),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_load_is_read_from_critio_kv_info() {
+        let info = "# Stats\r\n\
+            round_run:count=22396,mean_us=310.7,p50_us=89.4,p99_us=5025.8,p999_us=18759.7,max_us=61734.9\r\n\
+            round_commit:count=22396,mean_us=486.1,p50_us=291.1,p99_us=3854.3,p999_us=10903.6,max_us=30326.8\r\n\
+            round_send:count=22396,mean_us=133.9,p50_us=83.7,p99_us=1494.0,p999_us=4632.6,max_us=11911.2\r\n\
+            block_critical_queue_wait:count=43481,mean_us=0.3,p50_us=0.0,p99_us=0.0,p999_us=0.0,max_us=7200.8\r\n\
+            block_critical_device_time:count=43481,mean_us=232.0,p50_us=127.8,p99_us=2037.8,p999_us=5886.0,max_us=29769.7\r\n\
+            critical_wait_block_queue:waits=43481,mean_ms=0.000,max_ms=7.201\r\n\
+            critical_wait_cache_part_lock:waits=395,mean_ms=0.069,max_ms=2.603\r\n\
+            critical_wait_log_space_wait:waits=11,mean_ms=20.993,max_ms=60.228\r\n\
+            critical_wait_kv_epoch:waits=0,mean_ms=0.000,max_ms=0.000\r\n";
+        let i = Inside::from_info(info);
+        assert_eq!(i.rounds, 22396);
+        let near = |a: f64, b: f64| (a - b).abs() < 1e-9;
+        assert!(near(i.commit_p999_ms, 10.9036), "{i:?}");
+        assert_eq!(i.critical_ios, 43481);
+        assert!(
+            near(i.device_p50_ms, 0.1278) && near(i.device_max_ms, 29.7697),
+            "{i:?}"
+        );
+        assert_eq!(
+            i.longest_wait,
+            Some(("log_space_wait".to_owned(), 60.228)),
+            "the longest wait wins, the block queue's aside"
+        );
+        // A server that says none of it (or an older one): zeros, no wait.
+        assert_eq!(Inside::from_info("# Stats\r\n"), Inside::default());
+    }
 }

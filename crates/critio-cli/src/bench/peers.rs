@@ -350,6 +350,17 @@ impl Peer {
         })
     }
 
+    /// Resets the server's INFO figures (CONFIG RESETSTAT): critio-kv's
+    /// counters, waits and block layer figures, so what INFO says next is
+    /// of what ran since.
+    pub fn reset_stats(&self) -> Result<(), String> {
+        let mut con = self.connect()?;
+        redis::cmd("CONFIG")
+            .arg("RESETSTAT")
+            .query::<()>(&mut con)
+            .map_err(|e| format!("{}: CONFIG RESETSTAT: {e}", self.kind.label()))
+    }
+
     /// The INFO text.
     pub fn info(&self) -> Result<String, String> {
         let mut con = self.connect()?;
