@@ -577,6 +577,7 @@ fn inside_table(runs: &[Run]) -> Table {
 fn background_table(runs: &[Run]) -> Table {
     let mut t = Table::new(
         "background work during the load (phase 'background'; critio-kv checkpoints every second in both phases); \
+         mean s: a completed job's time, from its command to INFO saying it no longer runs; \
          last job: the share of the job in progress when the load ended that was done (INFO current_fork_perc), counted in jobs/s",
         &[
             "size",
@@ -585,6 +586,8 @@ fn background_table(runs: &[Run]) -> Table {
             "seconds",
             "BGSAVE done",
             "BGREWRITEAOF done",
+            "BGSAVE mean s",
+            "BGREWRITEAOF mean s",
             "last job",
             "jobs/s",
             "checkpoints",
@@ -598,6 +601,10 @@ fn background_table(runs: &[Run]) -> Table {
             json!(r.seconds),
             json!(r.rounds.bgsaves),
             json!(r.rounds.rewrites),
+            r.rounds.bgsave_mean_secs().map_or(json!("-"), |s| json!(s)),
+            r.rounds
+                .rewrite_mean_secs()
+                .map_or(json!("-"), |s| json!(s)),
             json!(r.rounds.partial),
             json!(r.jobs_per_s()),
             json!(r.checkpoints),

@@ -468,12 +468,27 @@ pub struct Rounds {
     /// in a phase of tens of seconds whole jobs alone would be counted
     /// to within one job, a fifth of what a phase completes.
     pub partial: f64,
+    /// Seconds the completed BGSAVEs and BGREWRITEAOFs took in all, each
+    /// from its command to INFO saying it no longer runs: which of the two
+    /// a server's rounds go to.
+    pub bgsave_secs: f64,
+    pub rewrite_secs: f64,
 }
 
 impl Rounds {
     /// Jobs done, the one in progress by its share.
     pub fn jobs(&self) -> f64 {
         (self.bgsaves + self.rewrites) as f64 + self.partial
+    }
+
+    /// A completed BGSAVE's mean time, in s (None if none completed).
+    pub fn bgsave_mean_secs(&self) -> Option<f64> {
+        (self.bgsaves > 0).then(|| self.bgsave_secs / self.bgsaves as f64)
+    }
+
+    /// A completed BGREWRITEAOF's mean time, in s (None if none completed).
+    pub fn rewrite_mean_secs(&self) -> Option<f64> {
+        (self.rewrites > 0).then(|| self.rewrite_secs / self.rewrites as f64)
     }
 }
 
@@ -521,6 +536,7 @@ impl BackgroundLoop {
                         // A job Redis started itself (an automatic AOF
                         // rewrite once the file has doubled) must end
                         // first: Redis runs one child at a time.
+                        let mut started = Instant::now();
                         loop {
                             match redis::cmd(cmd).query::<redis::Value>(&mut con) {
                                 Ok(_) => break,
@@ -530,6 +546,7 @@ impl BackgroundLoop {
                                 {
                                     wait_idle(&mut con, "rdb_bgsave_in_progress")?;
                                     wait_idle(&mut con, "aof_rewrite_in_progress")?;
+                                    started = Instant::now();
                                 }
                                 Err(e) => return Err(format!("{cmd}: {e}")),
                             }
@@ -538,10 +555,13 @@ impl BackgroundLoop {
                         if stop.load(Ordering::SeqCst) {
                             break 'outer; // ended after the load: not counted
                         }
+                        let secs = started.elapsed().as_secs_f64();
                         if i == 0 {
                             rounds.bgsaves += 1;
+                            rounds.bgsave_secs += secs;
                         } else {
                             rounds.rewrites += 1;
+                            rounds.rewrite_secs += secs;
                         }
                     }
                 }
@@ -665,7 +685,14 @@ mod tests {
             bgsaves: 2,
             rewrites: 1,
             partial: 0.5,
+            bgsave_secs: 3.0,
+            rewrite_secs: 4.0,
         };
         assert_eq!(r.jobs(), 3.5);
+        assert_eq!(
+            (r.bgsave_mean_secs(), r.rewrite_mean_secs()),
+            (Some(1.5), Some(4.0))
+        );
+        assert_eq!(Rounds::default().bgsave_mean_secs(), None);
     }
 }
