@@ -468,10 +468,11 @@ pub struct Rounds {
     /// in a phase of tens of seconds whole jobs alone would be counted
     /// to within one job, a fifth of what a phase completes.
     pub partial: f64,
-    /// Seconds the completed BGSAVEs and BGREWRITEAOFs took in all, each
-    /// from its command to INFO saying it no longer runs: which of the two
-    /// a server's rounds go to.
+    /// Seconds the completed BGSAVEs took in all, each from its command to
+    /// INFO saying it no longer runs (with `rewrite_secs`: which of the two
+    /// jobs a server's rounds go to).
     pub bgsave_secs: f64,
+    /// Seconds the completed BGREWRITEAOFs took in all, timed the same way.
     pub rewrite_secs: f64,
 }
 
