@@ -57,7 +57,8 @@ use super::fio::{self, Antagonist};
 use super::host;
 use super::kv_background::TestResult;
 use super::peers::{
-    benchmark, info_u64, progress_bar, redis_server_version, BackgroundLoop, Kind, Peer, Rounds,
+    benchmark, info_u64, info_value, progress_bar, redis_server_version, BackgroundLoop, Kind,
+    Peer, Rounds,
 };
 use super::placement::Placement;
 use super::report::{Goal, Report, Table, Target};
@@ -224,14 +225,12 @@ struct Histogram {
 
 impl Histogram {
     fn parse(info: &str, key: &str) -> Option<Histogram> {
-        let fields = info
-            .lines()
-            .find_map(|l| l.strip_prefix(key)?.strip_prefix(':'))?;
+        let fields: String = info_value(info, key)?;
         Some(Histogram {
-            count: field(fields, "count")? as u64,
-            p50_us: field(fields, "p50_us")?,
-            p999_us: field(fields, "p999_us")?,
-            max_us: field(fields, "max_us")?,
+            count: field(&fields, "count")? as u64,
+            p50_us: field(&fields, "p50_us")?,
+            p999_us: field(&fields, "p999_us")?,
+            max_us: field(&fields, "max_us")?,
         })
     }
 }

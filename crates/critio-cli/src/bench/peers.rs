@@ -450,7 +450,7 @@ pub fn info_u64(info: &str, key: &str) -> Option<u64> {
 }
 
 /// A `key:value` field of INFO text, parsed.
-fn info_value<T: std::str::FromStr>(info: &str, key: &str) -> Option<T> {
+pub fn info_value<T: std::str::FromStr>(info: &str, key: &str) -> Option<T> {
     info.lines()
         .find_map(|l| l.strip_prefix(key)?.strip_prefix(':')?.trim().parse().ok())
 }
