@@ -187,6 +187,66 @@ fn a_throttled_background_writer_that_inherits_criticality_retries_with_the_crit
     drop_releasing(cache, &dev);
 }
 
+/// A log's append lock is held across `prepare_appending`, and requests
+/// wait for it: the preparation must not wait in dirty throttling, even
+/// with the writer's class over its limit and writeback stuck; the writer
+/// throttles before taking its lock instead (`balance_dirty`).
+#[test]
+fn a_log_preparation_under_its_lock_never_throttles_but_the_next_balance_does() {
+    let dev = GateDevice::with(32, 8 * MIB, Box::new(|op, _| op == Op::Write));
+    let cache = cache_over(
+        dev.clone(),
+        CacheConfig {
+            capacity_bytes: MIB, // 256 pages, 2 of them background-dirty at most
+            ..CacheConfig::default()
+        },
+    );
+    let file = cache.add_file("log", 0, 4 * MIB).unwrap();
+    let pages = 10u64;
+    let (tx, rx) = channel();
+    let bg = {
+        let cache = cache.clone();
+        std::thread::spawn(move || {
+            // A background appender (the default class), every write held at
+            // the device: the first pages already fill its dirty limit.
+            cache
+                .prepare_appending(file, 0, pages * PAGE as u64)
+                .unwrap();
+            tx.send((context::current(), cache.stats().dirty_noncritical))
+                .unwrap();
+            cache.balance_dirty().unwrap();
+        })
+    };
+    let (task, dirty) = rx
+        .recv_timeout(Duration::from_secs(20))
+        .expect("the preparation waited (dirty throttling under the log's lock)");
+    assert_eq!(
+        dirty, pages as usize,
+        "every prepared page is dirty, past the limit"
+    );
+    // Outside its lock the appender is held to its limit again.
+    wait_blocked(
+        &task,
+        BlockingStatus::Admission {
+            stage: "cache: dirty throttle",
+        },
+    );
+    assert!(!bg.is_finished());
+    dev.release_all();
+    let released = std::thread::spawn({
+        let dev = dev.clone();
+        move || {
+            while !bg.is_finished() {
+                dev.release_all();
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            bg.join().unwrap();
+        }
+    });
+    released.join().unwrap();
+    drop_releasing(cache, &dev);
+}
+
 #[test]
 fn a_foreground_read_that_needs_a_frame_under_writeback_promotes_that_writeback() {
     let n = 16u64; // the smallest cache: every frame will be under writeback

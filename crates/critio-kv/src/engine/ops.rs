@@ -296,6 +296,9 @@ impl Inner {
             if let Some(e) = self.failure() {
                 return Err(e);
             }
+            // Throttled here, the writer holds no lock: the value log's
+            // append does not throttle under its lock (`prepare_appending`).
+            self.cache.balance_dirty()?;
             let mut held = Held::lock(&self.index, keys);
             let now = now_ms();
             let current = keys

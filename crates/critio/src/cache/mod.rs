@@ -540,6 +540,17 @@ impl PageCache {
     /// The caller promises what [`PageCache::write_appending`] does, for
     /// the whole range, and serializes preparations (a log's append lock);
     /// the writes themselves then need no lock of the caller's.
+    ///
+    /// It never waits in dirty throttling: it runs under that append lock,
+    /// which requests wait for, so a writer throttles before it takes the
+    /// lock ([`PageCache::balance_dirty`]), and a class's dirty pages may
+    /// pass its limit by the pages the preparations in progress make dirty.
+    /// Measured with critio-kv on a real file (vda) under a SET load with
+    /// BGSAVE and BGREWRITEAOF looping: throttled here on its dirty limit,
+    /// the log rewrite held the value log's append lock over 1 ms about 15
+    /// times in a 9 s load, up to 3-7 ms, with the worker's appends
+    /// waiting; without the throttle here, a SET's longest wait for that
+    /// lock went from 1.3-4.9 ms to 0.7-1.1 ms (three alternated pairs).
     pub fn prepare_appending(&self, file: FileId, offset: u64, len: u64) -> Result<(), CacheError> {
         if len == 0 {
             return Ok(());
@@ -549,7 +560,7 @@ impl PageCache {
         while at < offset + len {
             let key = self.inner.pages(file, at, 1)?[0].0;
             self.inner.access(key, true, |core, i, class| {
-                self.inner.write_page(core, i, 0, &[], class)
+                self.inner.write_page(core, i, 0, &[], class, Limit::Pass)
             })?;
             at += page;
         }
@@ -568,7 +579,8 @@ impl PageCache {
             let src = &data[done..done + n];
             let fresh = n == self.inner.page || (appending && in_page == 0);
             self.inner.access(key, fresh, |core, i, class| {
-                self.inner.write_page(core, i, in_page, src, class)
+                self.inner
+                    .write_page(core, i, in_page, src, class, Limit::Keep)
             })?;
             done += n;
         }
@@ -876,6 +888,16 @@ impl Drop for PageCache {
 /// GETs.
 const BUSY_SPIN: std::time::Duration = std::time::Duration::from_micros(30);
 
+/// Whether a write that would dirty a page keeps to its class's dirty
+/// limit (throttled when over it) or may pass it.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Limit {
+    Keep,
+    /// The writer holds a lock others need and throttled before taking it
+    /// ([`PageCache::prepare_appending`]).
+    Pass,
+}
+
 /// What a caller must do before retrying an access.
 enum Act {
     Wait(Arc<PendingIo>),
@@ -1074,9 +1096,9 @@ impl Inner {
         }
     }
 
-    /// Copies `src` into the page at `in_page`, unless the writer's class
-    /// (`class`, as it was before the part's lock) is over its dirty limit
-    /// and the page would become dirty.
+    /// Copies `src` into the page at `in_page`, unless `limit` keeps the
+    /// writer's class (`class`, as it was before the part's lock) to its
+    /// dirty limit, the class is over it, and the page would become dirty.
     fn write_page(
         &self,
         core: &mut Core,
@@ -1084,9 +1106,10 @@ impl Inner {
         in_page: usize,
         src: &[u8],
         class: Class,
+        limit: Limit,
     ) -> Option<()> {
         let would_dirty = matches!(core.frames.frame(i).state, State::Clean | State::Free);
-        if would_dirty && !self.may_dirty(class) {
+        if would_dirty && limit == Limit::Keep && !self.may_dirty(class) {
             self.counters.throttled.fetch_add(1, Ordering::Relaxed);
             return None;
         }
