@@ -547,10 +547,10 @@ impl PageCache {
     /// pass its limit by the pages the preparations in progress make dirty.
     /// Measured with critio-kv on a real file (vda) under a SET load with
     /// BGSAVE and BGREWRITEAOF looping: throttled here on its dirty limit,
-    /// the log rewrite held the value log's append lock over 1 ms 7 and 15
-    /// times in two 9 s loads, up to 6.7 and 3.2 ms, with the worker's
-    /// appends waiting; without the throttle here, a SET's longest wait for that
-    /// lock went from 1.3-4.9 ms to 0.7-1.1 ms (three alternated pairs).
+    /// the log rewrite held the value log's append lock over 1 ms 7 times
+    /// in one 9 s load, up to 6.7 ms, with the worker's appends waiting;
+    /// without the throttle here, a SET's longest wait for that lock went
+    /// from 1.3-4.9 ms to 0.7-1.1 ms (three alternated pairs).
     pub fn prepare_appending(&self, file: FileId, offset: u64, len: u64) -> Result<(), CacheError> {
         if len == 0 {
             return Ok(());
