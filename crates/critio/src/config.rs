@@ -13,6 +13,7 @@
 //! lock_ceiling = true      # background sections holding request locks run real-time
 //! background_idle = false  # background threads also SCHED_IDLE while non-critical
 //! background_cpu_min_share = 0.5  # CPU floor: background keeps this share of the CPU it wants
+//! background_yield_us = 500  # background CPU loops yield at most this often (waking requests go first)
 //!
 //! [sync]
 //! inheritance = true       # owners/helpers inherit from critical waiters
@@ -139,6 +140,16 @@ pub struct ContextConfig {
     /// off. Needs `background_nice` above 0. Process-wide, like
     /// `background_nice`. Default 0.5. Range 0..=1.
     pub background_cpu_min_share: f64,
+    /// How long, in microseconds, a non-critical background thread runs
+    /// at most between two yields of the CPU in its CPU-bound loops
+    /// ([`crate::context::yield_point`]: the snapshot's compression, the
+    /// value log's scans and copies). The kernel's fair scheduler may
+    /// leave a waking request thread waiting until the next tick (up to
+    /// 4 ms at 250 Hz) behind a lower-priority thread on its CPU; a yield
+    /// lets it have the CPU if it is owed it. Needs `background_nice`
+    /// above 0. 0 turns it off. Process-wide, like `background_nice`.
+    /// Default 500.
+    pub background_yield_us: u32,
 }
 
 impl Default for ContextConfig {
@@ -149,6 +160,7 @@ impl Default for ContextConfig {
             lock_ceiling: true,
             background_idle: false,
             background_cpu_min_share: 0.5,
+            background_yield_us: 500,
         }
     }
 }

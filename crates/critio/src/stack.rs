@@ -44,6 +44,7 @@
 
 use std::fmt;
 use std::sync::Arc;
+use std::time::Duration;
 
 use parking_lot::Mutex;
 
@@ -234,6 +235,9 @@ impl Stack {
                 notes.push(format!("context.background_cpu_min_share: {why}"));
             }
         }
+        crate::context::set_background_yield(Duration::from_micros(
+            config.context.background_yield_us.into(),
+        ));
         if config.context.background_idle && config.context.background_nice > 0 {
             if let Err(why) = crate::context::set_background_idle(true) {
                 notes.push(format!("context.background_idle: {why}"));

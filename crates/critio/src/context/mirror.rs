@@ -21,6 +21,21 @@
 //!   the CPU it wants runs at a lower nice than the background one (and
 //!   not `SCHED_IDLE`) until it has it, so background work slows under
 //!   busy requests but never starves.
+//! - **Yield points** (`context.background_yield_us`, 500 µs by
+//!   default, [`yield_point`]): a CPU-bound background loop (compressing
+//!   a snapshot, scanning and copying the value log) calls
+//!   [`yield_point`] between its steps, and a non-critical background
+//!   thread there yields the CPU at most that long after its last yield,
+//!   as the kernel's own long loops call `cond_resched`. The kernel's fair
+//!   scheduler (EEVDF) lets a thread that wakes with less than its share
+//!   owed to it wait for the next tick (4 ms at 250 Hz) behind the thread
+//!   on its CPU, however low that one's priority: `perf sched` on
+//!   critio-kv under BGSAVE and BGREWRITEAOF found the request worker,
+//!   woken by its log write's completion, waiting up to 4.7 ms behind a
+//!   nice-10 snapshot thread while the other CPU sat idle. A yield makes
+//!   the scheduler pick again: a request thread owed its turn gets the
+//!   CPU; one that is not waits as before, so background work keeps its
+//!   share of the CPU.
 //! - **Idle policy** (`context.background_idle`, off by default): a
 //!   background thread also goes to `SCHED_IDLE` while non-critical. The
 //!   kernel then counts a CPU running only such threads as idle when it
@@ -51,8 +66,9 @@
 
 use std::cell::Cell;
 use std::marker::PhantomData;
-use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 use std::sync::RwLock;
+use std::time::{Duration, Instant};
 
 use super::task::{Nice, Task};
 use crate::sys::{
@@ -64,6 +80,7 @@ static ON: AtomicBool = AtomicBool::new(false);
 static PRIORITIES: RwLock<Option<ClassPriorities>> = RwLock::new(None);
 static BACKGROUND_NICE: AtomicI32 = AtomicI32::new(0);
 static BACKGROUND_IDLE: AtomicBool = AtomicBool::new(false);
+static YIELD_EVERY_NS: AtomicU64 = AtomicU64::new(0);
 
 /// Puts background threads, while non-critical, in `SCHED_IDLE` as well
 /// as at the background nice (`on`), after checking that a thread can
@@ -134,6 +151,59 @@ pub fn set_background_nice(nice: i32) -> Result<(), String> {
 /// The background nice value in force (0: off).
 pub fn background_nice() -> i32 {
     BACKGROUND_NICE.load(Ordering::SeqCst)
+}
+
+/// Sets how long a non-critical background thread runs at most between
+/// two yields at [`yield_point`]s (zero: it never yields there).
+pub fn set_background_yield(every: Duration) {
+    let ns = u64::try_from(every.as_nanos()).unwrap_or(u64::MAX);
+    YIELD_EVERY_NS.store(ns, Ordering::Relaxed);
+}
+
+/// How long a non-critical background thread runs at most between two
+/// yields at [`yield_point`]s (zero: off).
+pub fn background_yield() -> Duration {
+    Duration::from_nanos(YIELD_EVERY_NS.load(Ordering::Relaxed))
+}
+
+thread_local! {
+    /// When the current thread last passed a [`yield_point`] at which it
+    /// could have yielded, and how often it yielded there.
+    static LAST_YIELD: Cell<(Option<Instant>, u64)> = const { Cell::new((None, 0)) };
+}
+
+/// A point in a background loop where a request thread waiting for the
+/// CPU gets it (see the module's doc): a non-critical background thread
+/// (below its own nice: the CPU mirror is on) that last passed one at
+/// least [`background_yield`] ago calls `sched_yield`. For CPU-bound
+/// background loops, between steps of tens of microseconds; elsewhere,
+/// and on every other thread, it reads the clock and returns. Under
+/// EEVDF a yield moves the thread's virtual deadline a slice on, so the
+/// scheduler picks any other thread that is owed its turn; one that is
+/// not is not picked, and the yielding thread keeps its share of the CPU.
+pub fn yield_point() {
+    let every = YIELD_EVERY_NS.load(Ordering::Relaxed);
+    if every == 0 {
+        return;
+    }
+    LAST_YIELD.with(|last| {
+        let now = Instant::now();
+        let (then, yields) = last.get();
+        if then.is_some_and(|then| now.duration_since(then).as_nanos() < u128::from(every)) {
+            return;
+        }
+        let below = super::current().nice().lock().is_some_and(|n| n.offset > 0);
+        last.set((Some(now), yields + u64::from(below)));
+        if below {
+            std::thread::yield_now();
+        }
+    })
+}
+
+/// How often the current thread yielded at [`yield_point`]s.
+#[cfg(test)]
+fn yields_here() -> u64 {
+    LAST_YIELD.with(|last| last.get().1)
 }
 
 /// Marks the current thread as background work: while it is non-critical
@@ -436,6 +506,53 @@ mod tests {
         assert_eq!(idle, 10, "non-critical: the background nice");
         assert_eq!(boosted, 0, "inheriting: full speed");
         assert_eq!(after, 10, "revoked: background again");
+    }
+
+    /// Calls [`yield_point`] on a thread of its own, marked by `mark`,
+    /// until it yielded `want` times or 500 ms passed; the yields and the
+    /// time it took.
+    fn yields_of(mark: fn(), want: u64) -> (u64, Duration) {
+        std::thread::spawn(move || {
+            mark();
+            let start = Instant::now();
+            while yields_here() < want && start.elapsed() < Duration::from_millis(500) {
+                yield_point();
+            }
+            (yields_here(), start.elapsed())
+        })
+        .join()
+        .unwrap()
+    }
+
+    /// A non-critical background thread yields at yield points, at most
+    /// once a period; one that inherits criticality and a request thread
+    /// never do. (At the default period, which a stack opened by another
+    /// test meanwhile sets too.)
+    #[test]
+    fn a_noncritical_background_thread_yields_at_most_once_a_period() {
+        let Some(_one) = at_background_nice_10() else {
+            return;
+        };
+        let default = crate::config::ContextConfig::default().background_yield_us;
+        let every = Duration::from_micros(default.into());
+        set_background_yield(every);
+        let (bg, took) = yields_of(set_background, 4);
+        let critical = yields_of(
+            || {
+                set_background();
+                let task = crate::context::current();
+                task.inherit(crate::context::InheritKind::Lock);
+                mirror_cpu(&task);
+            },
+            1,
+        );
+        let foreground = yields_of(crate::context::set_foreground, 1);
+        set_background_nice(0).unwrap();
+        assert_eq!(bg, 4, "a background thread yields ({took:?})");
+        // The first yield is at once: three more take three periods.
+        assert!(took >= 3 * every, "4 yields in {took:?}");
+        assert_eq!(critical.0, 0, "inheriting: no yield in {:?}", critical.1);
+        assert_eq!(foreground.0, 0, "a request thread: {foreground:?}");
     }
 
     /// Under `nice -n 5` request threads run at 5: a background thread

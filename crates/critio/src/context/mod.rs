@@ -47,13 +47,17 @@ pub(crate) use inherit::propagate;
 pub use inherit::{InheritKind, CHAIN_DEPTH_MAX};
 #[cfg(not(loom))]
 pub use mirror::{
-    background_idle, background_nice, ceiling, kernel_mirror, lock_ceiling, set_background,
-    set_background_idle, set_background_nice, set_kernel_mirror, set_lock_ceiling, CeilingGuard,
+    background_idle, background_nice, background_yield, ceiling, kernel_mirror, lock_ceiling,
+    set_background, set_background_idle, set_background_nice, set_background_yield,
+    set_kernel_mirror, set_lock_ceiling, yield_point, CeilingGuard,
 };
 /// Under loom there is no kernel to mirror into: marking a thread
 /// background changes nothing the models check.
 #[cfg(loom)]
 pub fn set_background() {}
+/// Under loom there is no kernel scheduler to yield to.
+#[cfg(loom)]
+pub fn yield_point() {}
 /// Under loom there is no kernel scheduler: a ceiling section is a no-op.
 #[cfg(loom)]
 pub fn ceiling() {}
