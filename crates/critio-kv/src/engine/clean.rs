@@ -119,6 +119,7 @@ impl Inner {
             if batch.full() {
                 self.clean_batch(&mut batch, &mut done)?;
                 self.vlog.cleaned_to(addr + u64::from(size))?;
+                context::yield_point();
             }
             if let Some(p) = progress {
                 p.advance(addr + u64::from(size) - from, done.copied);

@@ -14,7 +14,7 @@
 //!
 //! The dump is compressed, as Redis compresses its RDB file
 //! (`rdbcompression`, on by default): entries are gathered into frames of
-//! about [`DUMP_CHUNK`] and each frame is stored LZ4-compressed (the
+//! about [`FRAME_RAW`] and each frame is stored LZ4-compressed (the
 //! `lz4_flex` crate's block format), so a snapshot of compressible values
 //! writes a fraction of their bytes. Version 1 dumps (uncompressed) still
 //! load.
@@ -40,9 +40,13 @@ const DUMP_MAGIC: &[u8; 4] = b"CKVD";
 /// Version 2: the body is LZ4-compressed frames. Version 1 (raw entries)
 /// still loads.
 const DUMP_VERSION: u32 = 2;
-/// Entry bytes gathered into one compressed frame, and stored bytes
-/// buffered before a dump write.
+/// Stored bytes buffered before a dump write.
 const DUMP_CHUNK: usize = 1 << 20;
+/// Entry bytes gathered into one compressed frame: LZ4 finds matches
+/// within 64 KiB, so a larger frame compresses no better, and each frame's
+/// compression is a stretch of CPU a background thread runs without a
+/// [`critio::context::yield_point`].
+const FRAME_RAW: usize = 128 << 10;
 /// A frame's header: raw length u32, stored length u32.
 const FRAME_HEADER: usize = 8;
 
@@ -97,8 +101,9 @@ impl DumpWriter<'_> {
         e.extend_from_slice(&(value.len() as u32).to_le_bytes());
         e.extend_from_slice(value);
         self.size.keys += 1;
-        if self.raw.len() >= DUMP_CHUNK {
+        if self.raw.len() >= FRAME_RAW {
             self.frame();
+            critio::context::yield_point();
             if self.buf.len() >= DUMP_CHUNK {
                 self.write(false)?;
             }

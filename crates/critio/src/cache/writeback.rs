@@ -270,15 +270,22 @@ impl Inner {
                 let pick = core.frames.oldest_dirty(share.min(left));
                 left -= pick.len();
                 runs.extend(self.plan_runs(shard, core, pick));
+                context::yield_point();
             }
             if runs.is_empty() {
                 // Everything dirty is under writeback already: wait a bit.
                 std::thread::sleep(Duration::from_millis(1));
                 continue;
             }
+            // A round copies up to `most` pages: a request thread waiting
+            // for this CPU gets it between runs (`context::yield_point`).
             let submitted = runs
                 .into_iter()
-                .map(|r| self.submit_run(r, false))
+                .map(|r| {
+                    let run = self.submit_run(r, false);
+                    context::yield_point();
+                    run
+                })
                 .collect();
             if self.finish_runs(submitted).is_err() {
                 std::thread::sleep(ERROR_BACKOFF);
