@@ -254,6 +254,15 @@ fn describe_settings(
             from(s == base.critio.context.background_cpu_min_share)
         ),
     };
+    let every = effective.context.background_yield_us;
+    let yields = match (effective.context.background_nice, every) {
+        (0, _) => String::new(),
+        (_, 0) => ", background CPU loops never yield".to_owned(),
+        (_, us) => format!(
+            ", background CPU loops yield every {us} us ({})",
+            from(us == base.critio.context.background_yield_us)
+        ),
+    };
     // The cache's memory: backed by a background thread at start
     // (`cache.prefault`), or by each frame's first write.
     let backed = if f.critio.cache.prefault {
@@ -262,7 +271,7 @@ fn describe_settings(
         "memory backed as first used"
     };
     format!(
-        "critio-kv: page cache {} MiB ({}; {backed}), checkpoint every {} ms ({}), background I/O at the device {} ({}), {cut} ({cut_from}), background CPU nice {} ({}){floor}, request workers {} ({}), cache-miss readers {} ({})",
+        "critio-kv: page cache {} MiB ({}; {backed}), checkpoint every {} ms ({}), background I/O at the device {} ({}), {cut} ({cut_from}), background CPU nice {} ({}){floor}{yields}, request workers {} ({}), cache-miss readers {} ({})",
         cache >> 20,
         from(cache == base.critio.cache.capacity_bytes),
         f.engine.checkpoint_interval_ms,
