@@ -477,6 +477,7 @@ mod tests {
                     "bulk background requests at most 128 KiB (real-device default)",
                     "background CPU nice +10 over the server's own (real-device default)",
                     "CPU floor 0.5 of the CPU it wants (real-device default)",
+                    "background CPU loops yield every 500 us (real-device default)",
                 ],
             ),
             (
