@@ -1335,6 +1335,37 @@ mod tests {
         assert_eq!(lazy.stats().prefaulted_bytes, 0);
     }
 
+    /// The prefault thread asks for huge pages over each part's frames
+    /// (their aligned 2 MiB stretches), where the kernel has them.
+    #[test]
+    fn the_prefaulted_frames_ask_for_huge_pages() {
+        if !std::path::Path::new("/sys/kernel/mm/transparent_hugepage").exists() {
+            return; // a kernel without transparent huge pages
+        }
+        let dev = Arc::new(MemDevice::new(32 << 20));
+        let block = Arc::new(BlockLayer::new(dev, BlockConfig::default()).unwrap());
+        let cfg = CacheConfig {
+            capacity_bytes: 32 << 20,
+            shards: 2,
+            ..CacheConfig::default()
+        };
+        let cache = PageCache::new(block, cfg, &SyncConfig::default()).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while cache.stats().prefaulted_bytes < 30 << 20 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        for part in cache.inner.shards.iter() {
+            let (addr, len) = part.lock().frames.arena_span();
+            let inside = addr.next_multiple_of(prefault::CHUNK);
+            assert!(
+                inside + prefault::CHUNK <= addr + len,
+                "a part holds a huge page"
+            );
+            let flags = crate::sys::mapping_flags(inside).unwrap().expect("mapped");
+            assert!(flags.iter().any(|f| f == "hg"), "frames' flags: {flags:?}");
+        }
+    }
+
     /// A background task holding a part's lock (a scan's page copy, a
     /// writeback plan) that a request's hit needs inherits the request's
     /// criticality until it lets go, and the request's wait is accounted

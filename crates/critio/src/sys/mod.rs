@@ -29,6 +29,8 @@
 //! | `disk` | the disk under a path: name, I/O scheduler, queue depth (sysfs) |
 //! | `schedstat` | a thread's run and run-queue wait times (procfs), for the CPU floor |
 //! | `raw::populate_write` | memory backed ahead of its first write (`madvise`), for the cache |
+//! | `raw::advise_huge_pages` | transparent huge pages asked for (`madvise`), for the cache's frames |
+//! | [`mapping_flags`] | the kernel's flags for the mapping holding an address (procfs) |
 //!
 //! `raw` is one of the two places in critio with `unsafe` (the other is
 //! `device::uring`, which hands the kernel buffers in SQEs); each `unsafe`
@@ -42,8 +44,8 @@ mod raw;
 mod schedstat;
 
 pub use raw::{
-    populate_write, set_thread_fifo, set_thread_policy, thread_policy, SchedPolicy,
-    CEILING_RT_PRIORITY,
+    advise_huge_pages, populate_write, set_thread_fifo, set_thread_policy, thread_policy,
+    SchedPolicy, CEILING_RT_PRIORITY,
 };
 
 pub use disk::{active_scheduler, disk_of, Disk};
@@ -52,3 +54,49 @@ pub use prio::{
     IoPriority,
 };
 pub use schedstat::{thread_cpu_times, CpuTimes};
+
+/// The kernel's flags (`VmFlags` of `/proc/self/smaps`: `rd`, `wr`, `hg`
+/// for huge pages asked for, `nh` for never, ...) of the mapping of this
+/// process that holds `addr`; None if no mapping holds it.
+pub fn mapping_flags(addr: usize) -> std::io::Result<Option<Vec<String>>> {
+    let smaps = std::fs::read_to_string("/proc/self/smaps")?;
+    let mut inside = false;
+    for line in smaps.lines() {
+        if let Some(flags) = line.strip_prefix("VmFlags:") {
+            if inside {
+                return Ok(Some(flags.split_whitespace().map(str::to_owned).collect()));
+            }
+            continue;
+        }
+        // A mapping's first line: "start-end perms offset dev inode path".
+        let range = line
+            .split_whitespace()
+            .next()
+            .and_then(|r| r.split_once('-'));
+        let parsed = range.and_then(|(a, b)| {
+            let a = usize::from_str_radix(a, 16).ok()?;
+            let b = usize::from_str_radix(b, 16).ok()?;
+            Some((a, b))
+        });
+        if let Some((start, end)) = parsed {
+            inside = (start..end).contains(&addr);
+        }
+    }
+    Ok(None)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_mapping_of_a_heap_address_is_found_and_one_of_nothing_is_not() {
+        let v = vec![1u8; 1 << 20];
+        let flags = mapping_flags(v.as_ptr() as usize).unwrap().expect("mapped");
+        assert!(
+            flags.iter().any(|f| f == "rd") && flags.iter().any(|f| f == "wr"),
+            "{flags:?}"
+        );
+        assert_eq!(mapping_flags(8).unwrap(), None, "page 0 is never mapped");
+    }
+}

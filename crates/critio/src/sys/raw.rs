@@ -160,6 +160,24 @@ pub fn populate_write(addr: usize, len: usize) -> io::Result<()> {
     Ok(())
 }
 
+/// Asks for transparent huge pages over `[addr, addr + len)`
+/// (`madvise(MADV_HUGEPAGE)`): the kernel then backs its aligned 2 MiB
+/// stretches with huge pages where it can, as it does everywhere when
+/// the system's setting is `always` rather than `madvise`. `addr` must be
+/// page-aligned. `EINVAL` where the kernel has no transparent huge pages.
+pub fn advise_huge_pages(addr: usize, len: usize) -> io::Result<()> {
+    // SAFETY: MADV_HUGEPAGE only sets a flag on the mappings of the range
+    // (how the kernel backs them from now on); it changes no byte of this
+    // process's memory, so no Rust reference to the range sees a change.
+    // The kernel checks the range itself: an unmapped part is ENOMEM, an
+    // unaligned `addr` EINVAL, both returned.
+    let rc = unsafe { libc::madvise(addr as *mut libc::c_void, len, libc::MADV_HUGEPAGE) };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// The scheduling policy of thread `tid` (0: the calling thread).
 pub fn thread_policy(tid: i32) -> io::Result<SchedPolicy> {
     // SAFETY: `sched_getscheduler(tid)` takes an integer and touches no
