@@ -15,7 +15,7 @@ use clap::{Parser, Subcommand};
 /// Built with its `no_thp` feature: mimalloc otherwise asks for
 /// transparent huge pages (`MADV_HUGEPAGE`) on all its memory, and a
 /// buffer's first touch then faults in and zeroes 2 MiB at once. On a
-/// virtual machine whose host backs guest memory lazily that took 4-7 ms
+/// virtual machine whose host backs guest memory lazily that took 4-8 ms
 /// of system time in one fault (critio-kv under BGSAVE and BGREWRITEAOF,
 /// vda: a snapshot's 1 MiB scan chunk, freshly allocated, faulting while
 /// its thread held a cache part, and GETs waiting for that part up to

@@ -163,6 +163,14 @@ pub(crate) struct Frames {
     clean_max: usize,
 }
 
+impl Drop for Frames {
+    /// The frames' memory goes back to the allocator without the huge
+    /// pages the prefault thread asked for (`prefault::advise`).
+    fn drop(&mut self) {
+        super::prefault::advise(self.arena_span(), false);
+    }
+}
+
 impl Frames {
     /// `count` free frames of `page_bytes`. The bytes are one zeroed
     /// allocation, so a large cache costs no time to create and no memory

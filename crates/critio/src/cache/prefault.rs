@@ -25,6 +25,7 @@
 //! ```text
 //!   parts:   [part 0 frames.........] [part 1 frames.........] ...
 //!   first:    madvise(MADV_HUGEPAGE) over each part's aligned 2 MiB stretches
+//!             (MADV_NOHUGEPAGE when the frames are freed: `advise`)
 //!   rounds:   chunk 0 of part 0, chunk 0 of part 1, ..., chunk 1 of part 0, ...
 //!   a chunk:  madvise(MADV_POPULATE_WRITE), 2 MiB (one huge page)
 //! ```
@@ -129,11 +130,21 @@ fn huge_span((addr, len): (usize, usize)) -> Option<(usize, usize)> {
     (end > start).then(|| (start, end - start))
 }
 
+/// Asks for huge pages over the aligned [`CHUNK`]s of a part's frames
+/// (`huge`), or, as the frames are freed, for none: their memory goes
+/// back to the allocator, whose later buffers there should fault in
+/// 4 KiB at a time as everywhere else in the `critio` program. Without
+/// transparent huge pages (`EINVAL`) nothing changes.
+pub(crate) fn advise(span: (usize, usize), huge: bool) {
+    if let Some((addr, len)) = huge_span(span) {
+        let _ = crate::sys::advise_huge_pages(addr, len, huge);
+    }
+}
+
 fn run(inner: &Inner, spans: &[(usize, usize)], stop: &AtomicBool) {
     let page = rustix::param::page_size();
-    // Without transparent huge pages (EINVAL) the frames keep small ones.
-    for (addr, len) in spans.iter().filter_map(|&s| huge_span(s)) {
-        let _ = crate::sys::advise_huge_pages(addr, len);
+    for &span in spans {
+        advise(span, true);
     }
     for (addr, len) in chunks(spans, page) {
         if stop.load(Ordering::Relaxed) {
@@ -197,6 +208,22 @@ mod tests {
         );
         assert_eq!(huge_span((CHUNK, 2 * CHUNK)), Some((CHUNK, 2 * CHUNK)));
         assert_eq!(huge_span((CHUNK + 1, CHUNK)), None);
+    }
+
+    #[test]
+    fn the_advice_sets_and_clears_the_huge_page_flag() {
+        if !std::path::Path::new("/sys/kernel/mm/transparent_hugepage").exists() {
+            return; // a kernel without transparent huge pages
+        }
+        let bytes = vec![0u8; 4 * CHUNK].into_boxed_slice();
+        let span = (bytes.as_ptr() as usize, bytes.len());
+        let inside = span.0.next_multiple_of(CHUNK);
+        let flags = || crate::sys::mapping_flags(inside).unwrap().expect("mapped");
+        advise(span, true);
+        assert!(flags().iter().any(|f| f == "hg"), "{:?}", flags());
+        advise(span, false);
+        assert!(!flags().iter().any(|f| f == "hg"), "{:?}", flags());
+        assert!(flags().iter().any(|f| f == "nh"), "{:?}", flags());
     }
 
     #[test]

@@ -160,18 +160,23 @@ pub fn populate_write(addr: usize, len: usize) -> io::Result<()> {
     Ok(())
 }
 
-/// Asks for transparent huge pages over `[addr, addr + len)`
-/// (`madvise(MADV_HUGEPAGE)`): the kernel then backs its aligned 2 MiB
-/// stretches with huge pages where it can, as it does everywhere when
-/// the system's setting is `always` rather than `madvise`. `addr` must be
-/// page-aligned. `EINVAL` where the kernel has no transparent huge pages.
-pub fn advise_huge_pages(addr: usize, len: usize) -> io::Result<()> {
-    // SAFETY: MADV_HUGEPAGE only sets a flag on the mappings of the range
-    // (how the kernel backs them from now on); it changes no byte of this
-    // process's memory, so no Rust reference to the range sees a change.
-    // The kernel checks the range itself: an unmapped part is ENOMEM, an
-    // unaligned `addr` EINVAL, both returned.
-    let rc = unsafe { libc::madvise(addr as *mut libc::c_void, len, libc::MADV_HUGEPAGE) };
+/// Asks for transparent huge pages over `[addr, addr + len)` (`huge`:
+/// `madvise(MADV_HUGEPAGE)`; the kernel then backs its aligned 2 MiB
+/// stretches with huge pages where it can, as it does everywhere when the
+/// system's setting is `always` rather than `madvise`), or for none
+/// (`MADV_NOHUGEPAGE`). `addr` must be page-aligned. `EINVAL` where the
+/// kernel has no transparent huge pages.
+pub fn advise_huge_pages(addr: usize, len: usize, huge: bool) -> io::Result<()> {
+    let advice = match huge {
+        true => libc::MADV_HUGEPAGE,
+        false => libc::MADV_NOHUGEPAGE,
+    };
+    // SAFETY: MADV_HUGEPAGE and MADV_NOHUGEPAGE only set a flag on the
+    // mappings of the range (how the kernel backs them from now on); they
+    // change no byte of this process's memory, so no Rust reference to the
+    // range sees a change. The kernel checks the range itself: an unmapped
+    // part is ENOMEM, an unaligned `addr` EINVAL, both returned.
+    let rc = unsafe { libc::madvise(addr as *mut libc::c_void, len, advice) };
     if rc < 0 {
         return Err(io::Error::last_os_error());
     }
