@@ -197,28 +197,11 @@ mod tests {
     /// The resident bytes (`Rss` of `/proc/self/smaps`) of the mapping
     /// that holds `addr`.
     fn resident(addr: usize) -> usize {
-        let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
-        let mut inside = false;
-        for line in smaps.lines() {
-            if let Some(kb) = line.strip_prefix("Rss:") {
-                if inside {
-                    let kb = kb.trim().trim_end_matches("kB").trim();
-                    return kb.parse::<usize>().unwrap() << 10;
-                }
-                continue;
-            }
-            let range = line
-                .split_whitespace()
-                .next()
-                .and_then(|r| r.split_once('-'));
-            if let Some((a, b)) = range {
-                if let (Ok(a), Ok(b)) = (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16))
-                {
-                    inside = (a..b).contains(&addr);
-                }
-            }
-        }
-        panic!("no mapping holds {addr:#x}");
+        let rss = crate::sys::mapping_field(addr, "Rss")
+            .unwrap()
+            .expect("mapped");
+        let kb = rss.trim_end_matches("kB").trim();
+        kb.parse::<usize>().unwrap() << 10
     }
 
     /// A buffer's spare capacity is backed by `back_spare`, untouched by

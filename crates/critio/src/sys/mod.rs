@@ -30,7 +30,7 @@
 //! | `schedstat` | a thread's run and run-queue wait times (procfs), for the CPU floor |
 //! | `raw::populate_write` | memory backed ahead of its first write (`madvise`), for the cache |
 //! | `raw::advise_huge_pages` | transparent huge pages asked for (`madvise`), for the cache's frames |
-//! | [`mapping_flags`] | the kernel's flags for the mapping holding an address (procfs) |
+//! | [`mapping_flags`], `mapping_field` | the kernel's flags (and any other `smaps` field, for tests) for the mapping holding an address (procfs) |
 //!
 //! `raw` is one of the two places in critio with `unsafe` (the other is
 //! `device::uring`, which hands the kernel buffers in SQEs); each `unsafe`
@@ -59,12 +59,21 @@ pub use schedstat::{thread_cpu_times, CpuTimes};
 /// for huge pages asked for, `nh` for never, ...) of the mapping of this
 /// process that holds `addr`; None if no mapping holds it.
 pub fn mapping_flags(addr: usize) -> std::io::Result<Option<Vec<String>>> {
+    Ok(mapping_field(addr, "VmFlags")?
+        .map(|flags| flags.split_whitespace().map(str::to_owned).collect()))
+}
+
+/// The value of field `name` (`Rss`, `VmFlags`, ...: the text after
+/// "name:", trimmed) in `/proc/self/smaps` for the mapping of this process
+/// that holds `addr`; None if no mapping holds it (or it has no such
+/// field).
+pub(crate) fn mapping_field(addr: usize, name: &str) -> std::io::Result<Option<String>> {
     let smaps = std::fs::read_to_string("/proc/self/smaps")?;
     let mut inside = false;
     for line in smaps.lines() {
-        if let Some(flags) = line.strip_prefix("VmFlags:") {
+        if let Some(value) = line.strip_prefix(name).and_then(|v| v.strip_prefix(':')) {
             if inside {
-                return Ok(Some(flags.split_whitespace().map(str::to_owned).collect()));
+                return Ok(Some(value.trim().to_owned()));
             }
             continue;
         }
