@@ -107,9 +107,8 @@ impl Drop for Prefault {
 pub(crate) fn chunks(spans: &[(usize, usize)], page: usize) -> Vec<(usize, usize)> {
     let mut per_span: Vec<Vec<(usize, usize)>> = spans
         .iter()
-        .map(|&(addr, len)| {
-            let end = (addr + len) / page * page;
-            let mut at = addr.next_multiple_of(page);
+        .map(|&span| {
+            let (mut at, end) = aligned_inside(span, page).map_or((0, 0), |(a, l)| (a, a + l));
             let mut out = Vec::new();
             while at < end {
                 let next = (at + 1).next_multiple_of(CHUNK).min(end);
@@ -131,10 +130,10 @@ pub(crate) fn chunks(spans: &[(usize, usize)], page: usize) -> Vec<(usize, usize
     order
 }
 
-/// The aligned [`CHUNK`]s inside `span` (address, length), as one
-/// range; None if it holds none.
-fn huge_span((addr, len): (usize, usize)) -> Option<(usize, usize)> {
-    let (start, end) = (addr.next_multiple_of(CHUNK), (addr + len) / CHUNK * CHUNK);
+/// The whole `unit`s (pages, or [`CHUNK`]s) inside `span` (address,
+/// length), as one range; None if it holds none.
+fn aligned_inside((addr, len): (usize, usize), unit: usize) -> Option<(usize, usize)> {
+    let (start, end) = (addr.next_multiple_of(unit), (addr + len) / unit * unit);
     (end > start).then(|| (start, end - start))
 }
 
@@ -144,7 +143,7 @@ fn huge_span((addr, len): (usize, usize)) -> Option<(usize, usize)> {
 /// 4 KiB at a time as everywhere else in the `critio` program. Without
 /// transparent huge pages (`EINVAL`) nothing changes.
 pub(crate) fn advise(span: (usize, usize), huge: bool) {
-    if let Some((addr, len)) = huge_span(span) {
+    if let Some((addr, len)) = aligned_inside(span, CHUNK) {
         let _ = crate::sys::advise_huge_pages(addr, len, huge);
     }
 }
@@ -158,12 +157,10 @@ pub(crate) fn advise(span: (usize, usize), huge: bool) {
 /// kernel after the last one was freed. Best effort: a kernel without the
 /// advice (before 5.14) leaves the faults where they were.
 pub(crate) fn back_spare(buf: &mut Vec<u8>) {
-    let page = rustix::param::page_size();
     let spare = buf.spare_capacity_mut();
-    let from = (spare.as_ptr() as usize).next_multiple_of(page);
-    let end = (spare.as_ptr() as usize + spare.len()) / page * page;
-    if end > from {
-        let _ = crate::sys::populate_write(from, end - from);
+    let span = (spare.as_ptr() as usize, spare.len());
+    if let Some((addr, len)) = aligned_inside(span, rustix::param::page_size()) {
+        let _ = crate::sys::populate_write(addr, len);
     }
 }
 
@@ -264,11 +261,14 @@ mod tests {
     #[test]
     fn the_huge_span_is_the_aligned_chunks_inside() {
         assert_eq!(
-            huge_span((CHUNK + 1, 3 * CHUNK)),
+            aligned_inside((CHUNK + 1, 3 * CHUNK), CHUNK),
             Some((2 * CHUNK, 2 * CHUNK))
         );
-        assert_eq!(huge_span((CHUNK, 2 * CHUNK)), Some((CHUNK, 2 * CHUNK)));
-        assert_eq!(huge_span((CHUNK + 1, CHUNK)), None);
+        assert_eq!(
+            aligned_inside((CHUNK, 2 * CHUNK), CHUNK),
+            Some((CHUNK, 2 * CHUNK))
+        );
+        assert_eq!(aligned_inside((CHUNK + 1, CHUNK), CHUNK), None);
     }
 
     #[test]
