@@ -12,12 +12,12 @@
 //!      critio-kv: CONFIG RESETSTAT before each load, INFO after it: where its
 //!                  rounds' time went, its critical device time, its longest wait
 //!      stop it, remove DIR
-//!  the machine's frontier for a GET (each size): a stock redis-server
-//!      with no I/O of its own, the same GET load alone and beside fio
-//!      held to what each server's disks moved in its GET load under the
-//!      loop (a writer at its write rate; a reader of random pages at its
-//!      read rate, where it read: critio-kv's misses at 4x; the readers'
-//!      file is written once, before the preload)
+//!  the machine's frontier (each size): a stock redis-server with no I/O
+//!      of its own, the same SET and GET loads alone and beside fio held
+//!      to what each server's disks moved in that load under the loop (a
+//!      writer at its write rate; a reader of random pages at its read
+//!      rate, where it read: critio-kv's misses at 4x, the snapshots'
+//!      scans; the readers' file is written once, before the preload)
 //!  then fio on the same file system: a log commit's O_DSYNC write alone,
 //!  next to a writer held to a static rate and to an unpaced one, and
 //!  random reads from one thread with 16 in flight and from 16 threads
@@ -43,9 +43,12 @@
 //! load from memory had a p99.9 of 1.4-1.8 ms alone and 13.0-15.3 ms
 //! beside fio reading random 4 KiB pages at 12k a second, critio-kv's
 //! miss rate at that size, whether from one thread with 16 in flight or
-//! from 16 threads.) The GET rows of the ceiling table set each ratio
-//! against that: the other server's p99.9 under the loop over what a
-//! server with no I/O of its own had beside fio at rcp's rates.
+//! from 16 threads.) The ceiling table sets each ratio against that: the
+//! other server's p99.9 under the loop over what a server with no I/O of
+//! its own had beside fio at rcp's rates in the same load. For a SET that
+//! is a bound no durable server reaches (the frontier commits nothing,
+//! where the others wait for a flush); for a GET at 4x it leaves out the
+//! misses' own reads.
 
 use std::path::Path;
 use std::time::Instant;
@@ -250,17 +253,19 @@ fn checkpoints(peer: &Peer) -> u64 {
         .unwrap_or(0)
 }
 
-/// One GET load at the machine's frontier: a server that does no I/O,
-/// alone or beside fio moving what a server's disks moved.
+/// One load at the machine's frontier: a server that does no I/O, alone
+/// or beside fio moving what a server's disks moved in the same load.
 #[derive(Clone, Debug)]
 struct FrontierRow {
+    /// The load: "SET" or "GET".
+    test: &'static str,
     /// Whose rates fio was held to (None: no fio).
     rate_of: Option<Kind>,
     /// The reader's rate asked of fio, in MB/s (None: no reader).
     read_mb_s: Option<f64>,
     /// The writer's rate asked of fio, in MB/s (None: no writer).
     write_mb_s: Option<f64>,
-    get: TestResult,
+    result: TestResult,
     stalls: Stalls,
 }
 
@@ -273,12 +278,13 @@ const READER_MIN_MB_S: f64 = 1.0;
 /// page.
 const READ_BYTES: f64 = 4096.0;
 
-/// The GET loads at the frontier of `size`: stock Redis with no
-/// persistence (so no I/O of its own), preloaded as the servers were,
-/// alone and then beside fio held to what each server's disks moved
-/// during its GET load under the loop: a writer at its write rate, and a
-/// reader at its read rate where it read at least [`READER_MIN_MB_S`]
-/// (at 4x, critio-kv's misses).
+/// The loads at the frontier of `size`: stock Redis with no persistence
+/// (so no I/O of its own), preloaded as the servers were, running the
+/// SET load and then the GET load, each alone and then beside fio held
+/// to what each server's disks moved during that load under the loop: a
+/// writer at its write rate, and a reader at its read rate where it read
+/// at least [`READER_MIN_MB_S`] (at 4x, critio-kv's misses; under the
+/// loop, the snapshots' and rewrites' scans).
 fn frontier(
     size: &Size,
     dir: &Path,
@@ -286,20 +292,34 @@ fn frontier(
     placement: &Placement,
 ) -> Result<Vec<FrontierRow>, String> {
     let pb = progress_bar(&format!("{} frontier", size.name));
-    let rates: Vec<_> = PEERS
-        .iter()
-        .filter_map(|&kind| {
-            let run = runs
+    // (the load, whose rates, read MB/s, write MB/s), each load alone
+    // first; a load is (its test, redis-benchmark's, requests, its index
+    // in a run's stalls).
+    let loads = [
+        ("SET", "set", size.set_requests, 0),
+        ("GET", "get", size.get_requests, 1),
+    ];
+    let mut rows_to_run = Vec::new();
+    for load in loads {
+        rows_to_run.push((load, None, None, None));
+        for &kind in &PEERS {
+            let Some(run) = runs
                 .iter()
-                .find(|r| r.kind == kind && r.size == size.name && r.background)?;
-            let moved = &run.stalls[1];
+                .find(|r| r.kind == kind && r.size == size.name && r.background)
+            else {
+                continue;
+            };
+            let moved = &run.stalls[load.3];
+            let Some(write) = moved.disk_write_mb_s else {
+                continue;
+            };
             let read = moved.disk_read_mb_s.filter(|&r| r >= READER_MIN_MB_S);
-            Some((Some(kind), read, Some(moved.disk_write_mb_s?)))
-        })
-        .collect();
+            rows_to_run.push((load, Some(kind), read, Some(write)));
+        }
+    }
     // The readers' file first, once: every row then follows the preload,
     // none the writing of the file.
-    let reader_file = if rates.iter().any(|r| r.1.is_some()) {
+    let reader_file = if rows_to_run.iter().any(|r| r.2.is_some()) {
         pb.set_message("the readers' file");
         Some(fio::ReaderFile::lay_out(dir)?)
     } else {
@@ -310,11 +330,11 @@ fn frontier(
     peer.preload(size.keys, VALUE_BYTES, &pb)?;
     let cpus = placement.server.as_deref();
     let mut rows = Vec::new();
-    for (rate_of, read_mb_s, write_mb_s) in std::iter::once((None, None, None)).chain(rates) {
+    for ((test, command, requests, _), rate_of, read_mb_s, write_mb_s) in rows_to_run {
         pb.set_message(match (read_mb_s, write_mb_s) {
-            (None, None) => "GET alone".to_owned(),
-            (Some(r), Some(w)) => format!("GET beside fio reading {r:.0} MB/s, writing {w:.0}"),
-            (_, w) => format!("GET beside fio writing {:.0} MB/s", w.unwrap_or(0.0)),
+            (None, None) => format!("{test} alone"),
+            (Some(r), Some(w)) => format!("{test} beside fio reading {r:.0} MB/s, writing {w:.0}"),
+            (_, w) => format!("{test} beside fio writing {:.0} MB/s", w.unwrap_or(0.0)),
         });
         let reader = match (read_mb_s, &reader_file) {
             (Some(r), Some(file)) => Some(Antagonist::reader(
@@ -328,22 +348,15 @@ fn frontier(
             Some(w) => Some(Antagonist::writer(dir, (w * 1e6) as u64, cpus)?),
             None => None,
         };
-        let (get, stalls) = probed(|| {
-            benchmark(
-                &peer,
-                "get",
-                size.get_requests,
-                CLIENTS,
-                size.keys,
-                VALUE_BYTES,
-            )
-        })?;
+        let (result, stalls) =
+            probed(|| benchmark(&peer, command, requests, CLIENTS, size.keys, VALUE_BYTES))?;
         drop((reader, writer));
         rows.push(FrontierRow {
+            test,
             rate_of,
             read_mb_s,
             write_mb_s,
-            get,
+            result,
             stalls,
         });
     }
@@ -352,36 +365,37 @@ fn frontier(
     Ok(rows)
 }
 
-/// The frontier's p99.9 beside fio at `kind`'s rates.
-fn frontier_p999(rows: &[FrontierRow], kind: Kind) -> Option<f64> {
+/// The frontier's p99.9 in `test` beside fio at `kind`'s rates.
+fn frontier_p999(rows: &[FrontierRow], kind: Kind, test: &str) -> Option<f64> {
     rows.iter()
-        .find(|r| r.rate_of == Some(kind))
-        .map(|r| r.get.p999_ms)
+        .find(|r| r.rate_of == Some(kind) && r.test == test)
+        .map(|r| r.result.p999_ms)
 }
 
 fn frontier_table(rows: &[FrontierRow], size: &Size) -> Table {
     let mut t = Table::new(
         &format!(
-            "the machine's frontier for a GET ({}): stock Redis with no persistence (no I/O of its own), preloaded the same, the same GET load (-n {}) alone and beside fio moving what each server's disks moved in its GET load under the loop: a writer (O_DIRECT, 128 KiB, 4 in flight) at its write rate and, where it read {READER_MIN_MB_S} MB/s or more, a reader (O_DIRECT, random 4 KiB, 16 in flight) at its read rate",
-            size.name, size.get_requests
+            "the machine's frontier ({}): stock Redis with no persistence (no I/O of its own: a SET commits nothing), preloaded the same, the same SET (-n {}) and GET (-n {}) loads alone and beside fio moving what each server's disks moved in that load under the loop: a writer (O_DIRECT, 128 KiB, 4 in flight) at its write rate and, where it read {READER_MIN_MB_S} MB/s or more, a reader (O_DIRECT, random 4 KiB, 16 in flight) at its read rate",
+            size.name, size.set_requests, size.get_requests
         ),
-        &["fio", "fio read MB/s", "fio write MB/s", "req/s", "p50 ms", "p99 ms", "p99.9 ms", "max ms"]
+        &["test", "fio", "fio read MB/s", "fio write MB/s", "req/s", "p50 ms", "p99 ms", "p99.9 ms", "max ms"]
             .into_iter()
             .chain(stalls::COLUMNS)
             .collect::<Vec<_>>(),
     );
     for r in rows {
         let mut row = vec![
+            json!(r.test),
             json!(r
                 .rate_of
                 .map_or("none".to_owned(), |k| format!("at {}'s rates", k.label()))),
             r.read_mb_s.map_or(json!("-"), |x| json!(x)),
             r.write_mb_s.map_or(json!("-"), |x| json!(x)),
-            json!(r.get.rps),
-            json!(r.get.p50_ms),
-            json!(r.get.p99_ms),
-            json!(r.get.p999_ms),
-            json!(r.get.max_ms),
+            json!(r.result.rps),
+            json!(r.result.p50_ms),
+            json!(r.result.p99_ms),
+            json!(r.result.p999_ms),
+            json!(r.result.max_ms),
         ];
         row.extend(r.stalls.cells());
         t.row(row);
@@ -616,12 +630,14 @@ fn background_table(runs: &[Run]) -> Table {
 /// work, so rcp under it is not expected below its own tail alone, and a
 /// ratio's ceiling is the other server's tail under the loop over rcp's
 /// alone. A goal above its ceiling is out of reach of any scheduling on
-/// this machine in this run. For a GET of the data that fits (no I/O of
-/// its own) the frontier gives a second, lower one: the other server's
-/// tail over that of a server with no I/O of its own beside fio at rcp's
-/// disk rates (`-` where it was not measured). So does it for a GET of
-/// the data four times the cache, whose misses read the device: beside
-/// a reader at rcp's read rate too.
+/// this machine in this run. The frontier gives a second one: the other
+/// server's tail over that of a server with no I/O of its own in the same
+/// load beside fio at rcp's disk rates in it (`-` where it was not
+/// measured). For a GET of the data that fits, which does no I/O of its
+/// own, that is the machine's bound; for a SET, a bound below it (the
+/// frontier commits nothing); for a GET of the data four times the cache,
+/// whose misses read the device, the frontier runs beside a reader at
+/// rcp's read rate but does not wait for reads itself.
 fn ceiling_table(runs: &[Run], with_redis: bool, frontiers: &[(&Size, Vec<FrontierRow>)]) -> Table {
     let (redis, none, rcp) = (
         Kind::Redis,
@@ -629,7 +645,7 @@ fn ceiling_table(runs: &[Run], with_redis: bool, frontiers: &[(&Size, Vec<Fronti
         Kind::Critio(Scheme::Rcp),
     );
     let mut t = Table::new(
-        "p99.9 ratios under the loop and their ceiling in this run (the other server's p99.9 under the loop over rcp's alone, which the loop only adds to; frontier ceiling: over the frontier's GET beside fio at rcp's disk rates under the loop)",
+        "p99.9 ratios under the loop and their ceiling in this run (the other server's p99.9 under the loop over rcp's alone, which the loop only adds to; frontier ceiling: over the frontier's p99.9 in the same load beside fio at rcp's disk rates in it under the loop)",
         &["size", "test", "over rcp's", "measured", "ceiling", "frontier ceiling", "goal"],
     );
     let mut others = vec![(none, 3.0)];
@@ -649,8 +665,8 @@ fn ceiling_table(runs: &[Run], with_redis: bool, frontiers: &[(&Size, Vec<Fronti
                 }
                 let edge = frontiers
                     .iter()
-                    .find(|(s, _)| s.name == size && test == "GET")
-                    .and_then(|(_, rows)| frontier_p999(rows, rcp));
+                    .find(|(s, _)| s.name == size)
+                    .and_then(|(_, rows)| frontier_p999(rows, rcp, test));
                 t.row(vec![
                     json!(size),
                     json!(test),
@@ -875,5 +891,41 @@ mod tests {
         );
         // A server that says none of it (or an older one): zeros, no wait.
         assert_eq!(Inside::from_info("# Stats\r\n"), Inside::default());
+    }
+
+    #[test]
+    fn a_ratio_is_set_against_the_frontier_of_its_own_load() {
+        let (none, rcp) = (Kind::Critio(Scheme::None), Kind::Critio(Scheme::Rcp));
+        let row = |test, rate_of, p999_ms| FrontierRow {
+            test,
+            rate_of,
+            read_mb_s: None,
+            write_mb_s: rate_of.map(|_| 100.0),
+            result: TestResult {
+                name: test.to_owned(),
+                rps: 50_000.0,
+                p50_ms: 0.2,
+                p99_ms: 0.5,
+                p999_ms,
+                max_ms: 2.0,
+            },
+            stalls: Stalls::default(),
+        };
+        let rows = [
+            row("SET", None, 0.6),
+            row("SET", Some(none), 1.4),
+            row("SET", Some(rcp), 2.8),
+            row("GET", None, 1.1),
+            row("GET", Some(none), 0.9),
+            row("GET", Some(rcp), 1.3),
+        ];
+        assert_eq!(frontier_p999(&rows, rcp, "SET"), Some(2.8));
+        assert_eq!(frontier_p999(&rows, rcp, "GET"), Some(1.3));
+        assert_eq!(frontier_p999(&rows, none, "GET"), Some(0.9));
+        assert_eq!(
+            frontier_p999(&rows, Kind::Redis, "SET"),
+            None,
+            "not measured"
+        );
     }
 }
