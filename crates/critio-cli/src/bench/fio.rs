@@ -200,6 +200,17 @@ pub fn measure(
 /// The measured job's figures from fio's JSON output (anything fio
 /// printed before the JSON is skipped).
 fn parse(out: &str, read: bool, background: Option<Background>) -> Result<Measured, String> {
+    parse_job(out, MEASURED, read, background)
+}
+
+/// Job `name`'s figures (its reads' if `read`, else its writes') from
+/// fio's JSON output, with `background`'s throughput.
+fn parse_job(
+    out: &str,
+    name: &str,
+    read: bool,
+    background: Option<Background>,
+) -> Result<Measured, String> {
     let start = out.find('{').ok_or("no JSON in fio's output")?;
     let v: Value = serde_json::from_str(&out[start..]).map_err(|e| format!("fio's JSON: {e}"))?;
     let jobs = v["jobs"].as_array().ok_or("no jobs in fio's JSON")?;
@@ -208,7 +219,7 @@ fn parse(out: &str, read: bool, background: Option<Background>) -> Result<Measur
             .find(|j| j["jobname"] == name)
             .ok_or_else(|| format!("no job {name} in fio's JSON"))
     };
-    let m = &job(MEASURED)?[if read { "read" } else { "write" }];
+    let m = &job(name)?[if read { "read" } else { "write" }];
     let clat = &m["clat_ns"];
     let max_ms = clat["max"].as_f64().ok_or("no max")? / 1e6;
     // fio reports a percentile as the upper bound of its histogram bucket
@@ -313,6 +324,9 @@ pub struct Antagonist {
     child: std::process::Child,
     /// The file it removes when dropped (its own), if any.
     file: Option<PathBuf>,
+    /// Where fio writes its report when stopped by [`Antagonist::finish`]
+    /// (a reader's), if anywhere.
+    report: Option<PathBuf>,
 }
 
 /// The file readers read ([`Antagonist::reader`]), of [`READER_FILE_BYTES`],
@@ -355,6 +369,12 @@ impl Drop for ReaderFile {
 /// it begins (fio opens its file and starts its job meanwhile).
 const ANTAGONIST_START: std::time::Duration = std::time::Duration::from_secs(1);
 
+/// How long [`Antagonist::finish`] waits for fio to stop and report.
+const REPORT_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// The job name of [`Antagonist::reader`].
+const READER: &str = "reader";
+
 /// The file a reader reads: laid out before it starts, so every read
 /// goes to the device (a hole reads as zeros without it).
 const READER_FILE_BYTES: u64 = 512 << 20;
@@ -366,23 +386,64 @@ impl Antagonist {
     /// own words).
     pub fn writer(dir: &Path, bytes_per_s: u64, cpus: Option<&[usize]>) -> Result<Self, String> {
         let file = dir.join("fio-writer.dat");
-        Self::spawn(writer_args(&file, bytes_per_s), Some(file), cpus)
+        Self::spawn(writer_args(&file, bytes_per_s), Some(file), None, cpus)
     }
 
     /// Random `O_DIRECT` reads of 4 KiB, 16 in flight (a server's misses:
     /// one page each, many clients), at `reads_per_s`, of `file`; on
-    /// `cpus` if given.
+    /// `cpus` if given. [`Antagonist::finish`] says what its reads took.
     pub fn reader(
         file: &ReaderFile,
         reads_per_s: u64,
         cpus: Option<&[usize]>,
     ) -> Result<Self, String> {
-        Self::spawn(reader_args(&file.path, reads_per_s), None, cpus)
+        let report = file.path.with_file_name("fio-reader-report.json");
+        let mut args = reader_args(&file.path, reads_per_s);
+        args.extend([
+            "--output-format=json".into(),
+            format!("--output={}", report.display()),
+        ]);
+        Self::spawn(args, None, Some(report), cpus)
+    }
+
+    /// Stops the job and returns what its own requests took since it
+    /// started (fio reports on SIGTERM): a reader's reads; `None` for a
+    /// writer, which keeps no report.
+    pub fn finish(mut self) -> Result<Option<Measured>, String> {
+        let Some(report) = self.report.take() else {
+            return Ok(None); // dropped: stopped outright
+        };
+        let stopped = self.stop_gracefully();
+        let text = std::fs::read_to_string(&report);
+        let _ = std::fs::remove_file(&report);
+        stopped?;
+        let text = text.map_err(|e| format!("fio's report {}: {e}", report.display()))?;
+        parse_job(&text, READER, true, None).map(Some)
+    }
+
+    /// SIGTERM to fio (which stops its jobs, then writes its report), and
+    /// a wait of up to [`REPORT_WAIT`] for it to end.
+    fn stop_gracefully(&mut self) -> Result<(), String> {
+        // SAFETY: kill takes integers; the child is ours and not yet
+        // waited for, so its pid is not reused.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let deadline = std::time::Instant::now() + REPORT_WAIT;
+        loop {
+            match self.child.try_wait() {
+                Ok(Some(_)) => return Ok(()),
+                Ok(None) if std::time::Instant::now() < deadline => {
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                }
+                Ok(None) => return Err(format!("fio did not stop within {REPORT_WAIT:?}")),
+                Err(e) => return Err(format!("waiting for fio: {e}")),
+            }
+        }
     }
 
     fn spawn(
         args: Vec<String>,
         file: Option<PathBuf>,
+        report: Option<PathBuf>,
         cpus: Option<&[usize]>,
     ) -> Result<Self, String> {
         let mut cmd = Command::new("fio");
@@ -401,7 +462,11 @@ impl Antagonist {
             }
         };
         // Dropped on an early end: its file goes too.
-        let mut a = Antagonist { child, file };
+        let mut a = Antagonist {
+            child,
+            file,
+            report,
+        };
         std::thread::sleep(ANTAGONIST_START);
         if let Ok(Some(status)) = a.child.try_wait() {
             let mut why = String::new();
@@ -449,7 +514,7 @@ fn layout_args(file: &Path) -> Vec<String> {
 /// fio's arguments for [`Antagonist::reader`] of `file`.
 fn reader_args(file: &Path, reads_per_s: u64) -> Vec<String> {
     vec![
-        "--name=reader".into(),
+        format!("--name={READER}"),
         format!("--filename={}", file.display()),
         format!("--size={READER_FILE_BYTES}"),
         "--direct=1".into(),
@@ -465,10 +530,13 @@ fn reader_args(file: &Path, reads_per_s: u64) -> Vec<String> {
 
 impl Drop for Antagonist {
     fn drop(&mut self) {
-        super::peers::kill_tree(self.child.id());
-        let _ = self.child.wait();
-        if let Some(file) = &self.file {
-            let _ = std::fs::remove_file(file);
+        // Not once it has ended and been waited for: its pid may be reused.
+        if matches!(self.child.try_wait(), Ok(None)) {
+            super::peers::kill_tree(self.child.id());
+            let _ = self.child.wait();
+        }
+        for path in self.file.iter().chain(&self.report) {
+            let _ = std::fs::remove_file(path);
         }
     }
 }
@@ -568,7 +636,7 @@ mod tests {
     }
 
     #[test]
-    fn antagonists_are_held_to_their_rate_and_stop_when_dropped() {
+    fn antagonists_are_held_to_their_rate_and_stop_when_dropped_or_finished() {
         let args = writer_args(Path::new("/d/w.dat"), 150_000_000);
         assert!(args.contains(&"--rate=150000000".to_owned()), "{args:?}");
         assert!(args.contains(&"--filename=/d/w.dat".to_owned()));
@@ -615,6 +683,23 @@ mod tests {
                 check(Antagonist::reader(&f, 500, None), "reader");
                 assert!(reader_file.exists(), "a reader leaves the file");
                 check(Antagonist::reader(&f, 500, None), "second reader");
+                // Stopped by finish, a reader says what its reads took,
+                // and its report goes; a writer keeps none.
+                let report = dir.join("fio-reader-report.json");
+                if let Ok(r) = Antagonist::reader(&f, 500, None) {
+                    std::thread::sleep(std::time::Duration::from_millis(500));
+                    let pid = r.child.id();
+                    let m = r.finish().unwrap().expect("a reader reports");
+                    assert!(m.ops_per_s > 0.0 && m.p999_ms > 0.0, "{m:?}");
+                    assert!(m.p50_ms <= m.p999_ms && m.p999_ms <= m.max_ms, "{m:?}");
+                    assert!(!report.exists(), "the report goes");
+                    let alive = std::path::PathBuf::from(format!("/proc/{pid}/stat"));
+                    let stat = std::fs::read_to_string(alive).unwrap_or_default();
+                    assert!(!stat.contains("(fio)"), "fio ended: {stat}");
+                }
+                if let Ok(w) = Antagonist::writer(&dir, 8 << 20, None) {
+                    assert_eq!(w.finish().unwrap(), None);
+                }
                 drop(f);
             }
             Err(e) => eprintln!("skipped: {e}"),

@@ -47,8 +47,9 @@
 //! other server's p99.9 under the loop over what a server with no I/O of
 //! its own had beside fio at rcp's rates in the same load. For a SET that
 //! is a bound no durable server reaches (the frontier commits nothing,
-//! where the others wait for a flush); for a GET at 4x it leaves out the
-//! misses' own reads.
+//! where the others wait for a flush); for a GET whose misses read the
+//! device (at 4x), it is no lower than the p99.9 of the reader's own
+//! reads, one of which each miss waits for.
 
 use std::path::Path;
 use std::time::Instant;
@@ -265,6 +266,9 @@ struct FrontierRow {
     read_mb_s: Option<f64>,
     /// The writer's rate asked of fio, in MB/s (None: no writer).
     write_mb_s: Option<f64>,
+    /// The reader's own reads' p99.9 in ms, as fio measured them (None:
+    /// no reader, or fio said nothing).
+    fio_read_p999_ms: Option<f64>,
     result: TestResult,
     stalls: Stalls,
 }
@@ -350,12 +354,26 @@ fn frontier(
         };
         let (result, stalls) =
             probed(|| benchmark(&peer, command, requests, CLIENTS, size.keys, VALUE_BYTES))?;
-        drop((reader, writer));
+        drop(writer);
+        let fio_read_p999_ms = match reader.map(Antagonist::finish) {
+            Some(Ok(read)) => read.map(|m| m.p999_ms),
+            Some(Err(why)) => {
+                pb.suspend(|| {
+                    eprintln!(
+                        "kv-vs-redis: {} frontier: no latency from fio's reader: {why}",
+                        size.name
+                    )
+                });
+                None
+            }
+            None => None,
+        };
         rows.push(FrontierRow {
             test,
             rate_of,
             read_mb_s,
             write_mb_s,
+            fio_read_p999_ms,
             result,
             stalls,
         });
@@ -365,20 +383,25 @@ fn frontier(
     Ok(rows)
 }
 
-/// The frontier's p99.9 in `test` beside fio at `kind`'s rates.
-fn frontier_p999(rows: &[FrontierRow], kind: Kind, test: &str) -> Option<f64> {
-    rows.iter()
-        .find(|r| r.rate_of == Some(kind) && r.test == test)
-        .map(|r| r.result.p999_ms)
+/// The frontier's p99.9 in `test` beside fio at `kind`'s rates; for a
+/// load whose requests read the device themselves (`reads`: GETs that
+/// miss), no less than fio's reader's own p99.9 there, since such a
+/// request waits for one of those reads.
+fn frontier_p999(rows: &[FrontierRow], kind: Kind, test: &str, reads: bool) -> Option<f64> {
+    let row = rows
+        .iter()
+        .find(|r| r.rate_of == Some(kind) && r.test == test)?;
+    let read = row.fio_read_p999_ms.filter(|_| reads).unwrap_or(0.0);
+    Some(row.result.p999_ms.max(read))
 }
 
 fn frontier_table(rows: &[FrontierRow], size: &Size) -> Table {
     let mut t = Table::new(
         &format!(
-            "the machine's frontier ({}): stock Redis with no persistence (no I/O of its own: a SET commits nothing), preloaded the same, the same SET (-n {}) and GET (-n {}) loads alone and beside fio moving what each server's disks moved in that load under the loop: a writer (O_DIRECT, 128 KiB, 4 in flight) at its write rate and, where it read {READER_MIN_MB_S} MB/s or more, a reader (O_DIRECT, random 4 KiB, 16 in flight) at its read rate",
+            "the machine's frontier ({}): stock Redis with no persistence (no I/O of its own: a SET commits nothing), preloaded the same, the same SET (-n {}) and GET (-n {}) loads alone and beside fio moving what each server's disks moved in that load under the loop: a writer (O_DIRECT, 128 KiB, 4 in flight) at its write rate and, where it read {READER_MIN_MB_S} MB/s or more, a reader (O_DIRECT, random 4 KiB, 16 in flight) at its read rate, whose reads' own p99.9 fio reports",
             size.name, size.set_requests, size.get_requests
         ),
-        &["test", "fio", "fio read MB/s", "fio write MB/s", "req/s", "p50 ms", "p99 ms", "p99.9 ms", "max ms"]
+        &["test", "fio", "fio read MB/s", "fio write MB/s", "fio read p99.9 ms", "req/s", "p50 ms", "p99 ms", "p99.9 ms", "max ms"]
             .into_iter()
             .chain(stalls::COLUMNS)
             .collect::<Vec<_>>(),
@@ -391,6 +414,7 @@ fn frontier_table(rows: &[FrontierRow], size: &Size) -> Table {
                 .map_or("none".to_owned(), |k| format!("at {}'s rates", k.label()))),
             r.read_mb_s.map_or(json!("-"), |x| json!(x)),
             r.write_mb_s.map_or(json!("-"), |x| json!(x)),
+            r.fio_read_p999_ms.map_or(json!("-"), |x| json!(x)),
             json!(r.result.rps),
             json!(r.result.p50_ms),
             json!(r.result.p99_ms),
@@ -635,9 +659,11 @@ fn background_table(runs: &[Run]) -> Table {
 /// load beside fio at rcp's disk rates in it (`-` where it was not
 /// measured). For a GET of the data that fits, which does no I/O of its
 /// own, that is the machine's bound; for a SET, a bound below it (the
-/// frontier commits nothing); for a GET of the data four times the cache,
-/// whose misses read the device, the frontier runs beside a reader at
-/// rcp's read rate but does not wait for reads itself.
+/// frontier commits nothing); for a GET whose misses read the device (rcp
+/// read it in its GET load alone: the data four times the cache), the
+/// frontier ran beside a reader at rcp's read rate, and each miss waits
+/// for one such read, so the bound is no lower than that reader's own
+/// p99.9.
 fn ceiling_table(runs: &[Run], with_redis: bool, frontiers: &[(&Size, Vec<FrontierRow>)]) -> Table {
     let (redis, none, rcp) = (
         Kind::Redis,
@@ -645,7 +671,7 @@ fn ceiling_table(runs: &[Run], with_redis: bool, frontiers: &[(&Size, Vec<Fronti
         Kind::Critio(Scheme::Rcp),
     );
     let mut t = Table::new(
-        "p99.9 ratios under the loop and their ceiling in this run (the other server's p99.9 under the loop over rcp's alone, which the loop only adds to; frontier ceiling: over the frontier's p99.9 in the same load beside fio at rcp's disk rates in it under the loop)",
+        "p99.9 ratios under the loop and their ceiling in this run (the other server's p99.9 under the loop over rcp's alone, which the loop only adds to; frontier ceiling: over the frontier's p99.9 in the same load beside fio at rcp's disk rates in it under the loop, or over fio's reader's own p99.9 there where rcp's GETs read the device, if higher)",
         &["size", "test", "over rcp's", "measured", "ceiling", "frontier ceiling", "goal"],
     );
     let mut others = vec![(none, 3.0)];
@@ -663,10 +689,15 @@ fn ceiling_table(runs: &[Run], with_redis: bool, frontiers: &[(&Size, Vec<Fronti
                 if size == "4x" && test == "GET" && *other == redis {
                     continue; // not a target: Redis serves it from memory
                 }
+                // Its requests read the device: its GETs read alone.
+                let reads = test == "GET"
+                    && alone.stalls[1]
+                        .disk_read_mb_s
+                        .is_some_and(|r| r >= READER_MIN_MB_S);
                 let edge = frontiers
                     .iter()
                     .find(|(s, _)| s.name == size)
-                    .and_then(|(_, rows)| frontier_p999(rows, rcp, test));
+                    .and_then(|(_, rows)| frontier_p999(rows, rcp, test, reads));
                 t.row(vec![
                     json!(size),
                     json!(test),
@@ -899,8 +930,9 @@ mod tests {
         let row = |test, rate_of, p999_ms| FrontierRow {
             test,
             rate_of,
-            read_mb_s: None,
+            read_mb_s: rate_of.map(|_| 150.0),
             write_mb_s: rate_of.map(|_| 100.0),
+            fio_read_p999_ms: rate_of.map(|_| 2.0),
             result: TestResult {
                 name: test.to_owned(),
                 rps: 50_000.0,
@@ -919,13 +951,17 @@ mod tests {
             row("GET", Some(none), 0.9),
             row("GET", Some(rcp), 1.3),
         ];
-        assert_eq!(frontier_p999(&rows, rcp, "SET"), Some(2.8));
-        assert_eq!(frontier_p999(&rows, rcp, "GET"), Some(1.3));
-        assert_eq!(frontier_p999(&rows, none, "GET"), Some(0.9));
+        assert_eq!(frontier_p999(&rows, rcp, "SET", false), Some(2.8));
+        assert_eq!(frontier_p999(&rows, rcp, "GET", false), Some(1.3));
+        assert_eq!(frontier_p999(&rows, none, "GET", false), Some(0.9));
         assert_eq!(
-            frontier_p999(&rows, Kind::Redis, "SET"),
+            frontier_p999(&rows, Kind::Redis, "SET", false),
             None,
             "not measured"
         );
+        // GETs that read the device wait for the reader's reads too...
+        assert_eq!(frontier_p999(&rows, rcp, "GET", true), Some(2.0));
+        // ...unless the server-less load's own tail was longer.
+        assert_eq!(frontier_p999(&rows, rcp, "SET", true), Some(2.8));
     }
 }
