@@ -398,6 +398,8 @@ impl Antagonist {
         cpus: Option<&[usize]>,
     ) -> Result<Self, String> {
         let report = file.path.with_file_name("fio-reader-report.json");
+        // One left by a run that was killed is not this reader's.
+        let _ = std::fs::remove_file(&report);
         let mut args = reader_args(&file.path, reads_per_s);
         args.extend([
             "--output-format=json".into(),
