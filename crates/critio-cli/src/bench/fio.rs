@@ -415,31 +415,16 @@ impl Antagonist {
         let Some(report) = self.report.take() else {
             return Ok(None); // dropped: stopped outright
         };
-        let stopped = self.stop_gracefully();
+        // fio stops its jobs on SIGTERM, then writes its report.
+        super::peers::terminate(&self.child);
+        let stopped = super::peers::wait_or_kill(&mut self.child, REPORT_WAIT);
         let text = std::fs::read_to_string(&report);
         let _ = std::fs::remove_file(&report);
-        stopped?;
+        if !stopped {
+            return Err(format!("fio did not stop within {REPORT_WAIT:?}; killed"));
+        }
         let text = text.map_err(|e| format!("fio's report {}: {e}", report.display()))?;
         parse_job(&text, READER, true, None).map(Some)
-    }
-
-    /// SIGTERM to fio (which stops its jobs, then writes its report), and
-    /// a wait of up to [`REPORT_WAIT`] for it to end.
-    fn stop_gracefully(&mut self) -> Result<(), String> {
-        // SAFETY: kill takes integers; the child is ours and not yet
-        // waited for, so its pid is not reused.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        let deadline = std::time::Instant::now() + REPORT_WAIT;
-        loop {
-            match self.child.try_wait() {
-                Ok(Some(_)) => return Ok(()),
-                Ok(None) if std::time::Instant::now() < deadline => {
-                    std::thread::sleep(std::time::Duration::from_millis(20));
-                }
-                Ok(None) => return Err(format!("fio did not stop within {REPORT_WAIT:?}")),
-                Err(e) => return Err(format!("waiting for fio: {e}")),
-            }
-        }
     }
 
     fn spawn(

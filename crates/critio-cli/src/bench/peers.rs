@@ -379,29 +379,13 @@ impl Peer {
                         redis::cmd("SHUTDOWN").arg("NOSAVE").query(&mut con);
                 }
             }
-            Kind::Critio(_) => {
-                let pid = rustix::process::Pid::from_child(&self.child);
-                let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
-            }
+            Kind::Critio(_) => terminate(&self.child),
         }
-        let started = Instant::now();
-        let status = loop {
-            match self.child.try_wait() {
-                Ok(Some(s)) => break Some(s),
-                Ok(None) if started.elapsed() < STOP_TIMEOUT => {
-                    std::thread::sleep(Duration::from_millis(20))
-                }
-                _ => {
-                    kill_tree(self.child.id());
-                    let _ = self.child.wait();
-                    break None;
-                }
-            }
-        };
+        let stopped = wait_or_kill(&mut self.child, STOP_TIMEOUT);
         let _ = std::fs::remove_dir_all(&self.dir);
-        match status {
-            Some(_) => Ok(()),
-            None => Err(format!(
+        match stopped {
+            true => Ok(()),
+            false => Err(format!(
                 "{} did not stop within {STOP_TIMEOUT:?}; killed",
                 self.kind.label()
             )),
@@ -419,6 +403,33 @@ impl Drop for Peer {
             let _ = self.child.wait();
         }
         let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Sends `child` SIGTERM (a clean stop: a server's last checkpoint, fio's
+/// report).
+pub fn terminate(child: &Child) {
+    let pid = rustix::process::Pid::from_child(child);
+    let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+}
+
+/// Waits up to `timeout` for `child` to end; true if it did. Otherwise
+/// (or if it cannot be waited for) it and every process under it are
+/// killed ([`kill_tree`]) and reaped, and false.
+pub fn wait_or_kill(child: &mut Child, timeout: Duration) -> bool {
+    let started = Instant::now();
+    loop {
+        match child.try_wait() {
+            Ok(Some(_)) => return true,
+            Ok(None) if started.elapsed() < timeout => {
+                std::thread::sleep(Duration::from_millis(20))
+            }
+            _ => {
+                kill_tree(child.id());
+                let _ = child.wait();
+                return false;
+            }
+        }
     }
 }
 

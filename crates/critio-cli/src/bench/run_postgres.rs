@@ -227,19 +227,10 @@ impl Server {
     /// A smart shutdown, the same both ways (SIGTERM to the postmaster, or
     /// to critio run, which passes it on; no clients are left).
     fn stop(mut self) -> Result<(), String> {
-        // SAFETY: kill takes integers; the child is ours.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        let started = Instant::now();
-        loop {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return Ok(());
-            }
-            if started.elapsed() > Duration::from_secs(120) {
-                super::peers::kill_tree(self.child.id());
-                let _ = self.child.wait();
-                return Err("postgres did not stop within 120 s; killed".into());
-            }
-            std::thread::sleep(Duration::from_millis(50));
+        super::peers::terminate(&self.child);
+        match super::peers::wait_or_kill(&mut self.child, Duration::from_secs(120)) {
+            true => Ok(()),
+            false => Err("postgres did not stop within 120 s; killed".into()),
         }
     }
 }
