@@ -22,6 +22,8 @@
 
 use std::collections::BTreeMap;
 
+use hashbrown::HashMap;
+
 use super::entry::{Value, KIND_HASH};
 use super::ops::{now_ms, Found, SetOptions};
 use super::wal::Op;
@@ -108,24 +110,46 @@ pub struct Txn<'a> {
     cur: &'a [Option<Found>],
     /// Per position in `keys` (duplicates use their first position).
     slots: Vec<Slot>,
+    /// Each key's first position, for a transaction of more than
+    /// [`SCAN_KEYS_MAX`] keys (fewer are found by a scan).
+    index: Option<HashMap<&'a [u8], usize, foldhash::fast::RandomState>>,
     now: u64,
 }
 
+/// Up to this many keys, a key's position is found by comparing it with
+/// each (cheaper than hashing it); beyond, through an index built once, so
+/// that a command over many keys (MSET, MGET, DEL of thousands) costs in
+/// proportion to its keys, not to their square.
+const SCAN_KEYS_MAX: usize = 16;
+
 impl<'a> Txn<'a> {
     pub(crate) fn new(inner: &'a Inner, keys: &'a [&'a [u8]], cur: &'a [Option<Found>]) -> Self {
+        let index = (keys.len() > SCAN_KEYS_MAX).then(|| {
+            let mut index = HashMap::with_capacity_and_hasher(keys.len(), Default::default());
+            for (p, k) in keys.iter().enumerate() {
+                index.entry(*k).or_insert(p);
+            }
+            index
+        });
         Txn {
             inner,
             keys,
             cur,
             slots: vec![Slot::Stored; keys.len()],
+            index,
             now: now_ms(),
         }
     }
 
-    /// The position of `key` in the transaction's keys. Touching a key
-    /// the transaction did not name is a bug of the caller.
+    /// The position of `key` in the transaction's keys (its first, if
+    /// named twice). Touching a key the transaction did not name is a bug
+    /// of the caller.
     fn pos(&self, key: &[u8]) -> usize {
-        self.keys.iter().position(|k| *k == key).unwrap_or_else(|| {
+        let found = match &self.index {
+            Some(index) => index.get(key).copied(),
+            None => self.keys.iter().position(|k| *k == key),
+        };
+        found.unwrap_or_else(|| {
             panic!(
                 "key {:?} was not named when the transaction began",
                 String::from_utf8_lossy(key)
@@ -585,6 +609,53 @@ mod tests {
         assert_eq!(e.get(b"a").unwrap(), Some(b"tail".to_vec()));
         assert_eq!(e.get(b"t").unwrap(), Some(b"kept".to_vec()));
         assert_eq!(e.dbsize(), 2);
+        e.close().unwrap();
+    }
+
+    /// A transaction over more keys than a scan serves finds them through
+    /// its index, with the same meaning: a key named twice is one key, and
+    /// its last write is what the transaction leaves.
+    #[test]
+    fn a_key_named_twice_is_one_key_with_few_keys_or_many() {
+        use std::sync::Arc;
+
+        use critio::device::mem::MemDevice;
+
+        use crate::engine::clean::tests::open;
+        let dev = Arc::new(MemDevice::new(32 << 20));
+        let e = open(&dev);
+        for distinct in [3, SCAN_KEYS_MAX, SCAN_KEYS_MAX + 1, 5000] {
+            let names: Vec<Vec<u8>> = (0..distinct)
+                .map(|i| format!("k{distinct}-{i}").into_bytes())
+                .collect();
+            // Each key twice: the first pass writes "1", the second "2"
+            // after reading back the first.
+            let keys: Vec<&[u8]> = names.iter().chain(&names).map(Vec::as_slice).collect();
+            let seen = e
+                .transact(&keys, |t| {
+                    for k in &keys[..distinct] {
+                        t.set(k, b"1", SetOptions::default()).unwrap();
+                    }
+                    let mut seen = Vec::new();
+                    for k in &keys[distinct..] {
+                        seen.push(t.get(k).unwrap());
+                        t.set(k, b"2", SetOptions::default()).unwrap();
+                    }
+                    seen
+                })
+                .unwrap();
+            assert!(
+                seen.iter().all(|v| v.as_deref() == Some(&b"1"[..])),
+                "{distinct} keys"
+            );
+            for k in &names {
+                assert_eq!(e.get(k).unwrap(), Some(b"2".to_vec()), "{distinct} keys");
+            }
+        }
+        assert_eq!(
+            e.dbsize() as usize,
+            3 + SCAN_KEYS_MAX + SCAN_KEYS_MAX + 1 + 5000
+        );
         e.close().unwrap();
     }
 
