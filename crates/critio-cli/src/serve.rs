@@ -291,13 +291,51 @@ fn describe_settings(
     )
 }
 
-/// The device spec and capacity for `dir`.
-fn device_in(dir: &Path, kind: DeviceKind, capacity: u64) -> (DeviceSpec, u64, bool) {
-    let image = dir.join(match kind {
+/// The image file a device of this kind keeps in a data directory.
+fn image_name(kind: DeviceKind) -> &'static str {
+    match kind {
         DeviceKind::Sim => "critio-sim.img",
         DeviceKind::File | DeviceKind::Pool => "critio.img",
-    });
-    let existing = std::fs::metadata(&image).map(|m| m.len()).ok();
+    }
+}
+
+/// An image's length, if it exists.
+fn image_len(image: &Path) -> Option<u64> {
+    std::fs::metadata(image).map(|m| m.len()).ok()
+}
+
+/// Refuses to create a store in `dir` for `kind` when `dir` already holds
+/// one for the other kind of image: the user would see an empty database
+/// beside their data (most likely a `--device` left out or mistyped).
+fn check_kind(dir: &Path, kind: DeviceKind) -> Result<(), String> {
+    if image_len(&dir.join(image_name(kind))).is_some_and(|n| n > 0) {
+        return Ok(());
+    }
+    let (other, names) = match kind {
+        DeviceKind::Sim => (DeviceKind::File, "--device file (or pool)"),
+        DeviceKind::File | DeviceKind::Pool => (DeviceKind::Sim, "--device sim"),
+    };
+    let theirs = dir.join(image_name(other));
+    match image_len(&theirs) {
+        Some(n) if n > 0 => Err(format!(
+            "{} holds a store of another device ({}, {n} bytes), and --device {} would create a \
+             new, empty one beside it; pass {names} to open that store, or another --data",
+            dir.display(),
+            theirs.display(),
+            match kind {
+                DeviceKind::Sim => "sim",
+                DeviceKind::File => "file",
+                DeviceKind::Pool => "pool",
+            },
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// The device spec and capacity for `dir`.
+fn device_in(dir: &Path, kind: DeviceKind, capacity: u64) -> (DeviceSpec, u64, bool) {
+    let image = dir.join(image_name(kind));
+    let existing = image_len(&image);
     let spec = match kind {
         DeviceKind::Sim => DeviceSpec::Sim {
             profile: Profile::Ssd,
@@ -328,6 +366,9 @@ fn open_store(args: &ServeArgs, file: FileConfig) -> Result<(Stack, StackConfig,
         (None, DeviceKind::Sim) => 1 << 30,
         (None, _) => 8 << 30,
     };
+    check_kind(&dir, args.device)?;
+    let image = dir.join(image_name(args.device));
+    let existed = image_len(&image).is_some();
     let (device, capacity, reopen) = device_in(&dir, args.device, size);
     let cfg = StackConfig {
         device,
@@ -346,7 +387,19 @@ fn open_store(args: &ServeArgs, file: FileConfig) -> Result<(Stack, StackConfig,
         cfg.scheme
     );
     let started = std::time::Instant::now();
-    let stack = Stack::open(&cfg).map_err(|e| match (reopen, args.device) {
+    let opened = Stack::open(&cfg);
+    if opened.is_err() && !reopen {
+        // A store that could not be created leaves no image behind (a
+        // later start would take its size, and fail the same way).
+        let _ = match existed {
+            false => std::fs::remove_file(&image),
+            true => std::fs::File::options()
+                .write(true)
+                .open(&image)
+                .and_then(|f| f.set_len(0)),
+        };
+    }
+    let stack = opened.map_err(|e| match (reopen, args.device) {
         (false, DeviceKind::File | DeviceKind::Pool) => format!(
             "cannot open the store: {e} ({})",
             if args.capacity.is_some() {
@@ -392,14 +445,15 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
     if let Some(addr) = &args.metrics {
         file.server.metrics = addr.clone();
     }
-    let server_cfg = file.server.clone();
-    server_cfg.validate().map_err(|e| e.to_string())?;
+    // The ports first: one that is taken is refused before the store is
+    // opened, or a new image created and written.
+    let bound = Server::bind(file.server.clone()).map_err(|e| e.to_string())?;
     let (stack, stack_cfg, dir) = open_store(&args, file)?;
     let backend = Backend {
         data_dir: Some(dir.clone()),
         ..Backend::of(&stack, &stack_cfg)
     };
-    let server = Server::start(server_cfg, backend).map_err(|e| e.to_string())?;
+    let server = bound.start(backend).map_err(|e| e.to_string())?;
     let kind = args.device.to_possible_value();
     println!(
         "critio-kv listening on {} (data dir {}, device {}, scheme {}, {} keys)",

@@ -1,8 +1,11 @@
 //! `critio serve` on a file image, as a user meets it: a new image that
 //! cannot fit is refused up front, saying how to size it, and leaves
-//! nothing behind; a second server on a data directory in use is refused
-//! while the first goes on serving. The pool backend (pread/pwrite through
-//! the page cache), so that any temporary directory will do.
+//! nothing behind, as does one too small for a store or a port already
+//! taken; a data directory holding another device's store is refused
+//! rather than given a second, empty one; a second server on a data
+//! directory in use is refused while the first goes on serving. The pool
+//! backend (pread/pwrite through the page cache), so that any temporary
+//! directory will do.
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -30,6 +33,33 @@ fn connect(addr: SocketAddr) -> redis::Connection {
         .unwrap()
         .get_connection_with_timeout(Duration::from_secs(10))
         .unwrap()
+}
+
+/// Runs a `critio serve` that should be refused: its stderr, once it has
+/// exited unsuccessfully. One that starts serving instead fails the test
+/// (killed after a minute) rather than hanging it.
+fn refused(mut cmd: Command) -> String {
+    let log = tempfile::NamedTempFile::new().unwrap();
+    let mut child = cmd
+        .stdout(std::process::Stdio::null())
+        .stderr(log.reopen().unwrap())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("not refused: still running after a minute");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let err = std::fs::read_to_string(log.path()).unwrap();
+    assert!(!status.success(), "not refused: {err}");
+    err
 }
 
 #[test]
@@ -74,4 +104,73 @@ fn a_second_server_on_the_same_data_directory_is_refused() {
     assert!(err.contains("in use"), "{err}");
     let v: String = redis::cmd("GET").arg("k").query(&mut con).expect("GET");
     assert_eq!(v, "v1", "the first server goes on serving its data");
+}
+
+#[test]
+fn a_taken_port_is_refused_before_an_image_is_created() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_critio"));
+    cmd.args(["serve", "--device", "pool", "--capacity", "256MiB"])
+        .args(["--bind", &addr, "--data"])
+        .arg(&data);
+    let err = refused(cmd);
+    assert!(err.contains(&format!("cannot listen on {addr}")), "{err}");
+    assert!(!data.join("critio.img").exists(), "an image was created");
+}
+
+#[test]
+fn a_store_too_small_to_create_leaves_no_image_and_a_larger_one_then_starts() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let err = refused(serve(&data, "4KiB"));
+    assert!(err.contains("too small"), "{err}");
+    assert!(
+        !data.join("critio.img").exists(),
+        "the image was left behind"
+    );
+    let server = start(&data);
+    let mut con = connect(server.addr);
+    redis::cmd("SET")
+        .arg("k")
+        .arg("v")
+        .exec(&mut con)
+        .expect("SET");
+}
+
+#[test]
+fn a_data_directory_holding_another_devices_store_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    // What a store on the simulated device leaves: its image, not ours.
+    std::fs::write(data.join("critio-sim.img"), vec![1u8; 8192]).unwrap();
+    let err = refused(serve(&data, "256MiB"));
+    assert!(err.contains("holds a store of another device"), "{err}");
+    assert!(
+        err.contains("--device sim"),
+        "says which device opens it: {err}"
+    );
+    assert!(
+        !data.join("critio.img").exists(),
+        "a second image was created"
+    );
+    // And the other way round: a file store, opened as the simulator's.
+    std::fs::remove_file(data.join("critio-sim.img")).unwrap();
+    std::fs::write(data.join("critio.img"), vec![1u8; 8192]).unwrap();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_critio"));
+    cmd.args([
+        "serve",
+        "--bind",
+        "127.0.0.1:0",
+        "--device",
+        "sim",
+        "--data",
+    ])
+    .arg(&data);
+    let err = refused(cmd);
+    assert!(err.contains("--device file (or pool)"), "{err}");
+    assert!(!data.join("critio-sim.img").exists());
 }

@@ -317,9 +317,37 @@ pub struct Server {
     metrics: Option<prom_http::Endpoint>,
 }
 
+/// A server's addresses, bound and not yet served: what
+/// [`Server::bind`] gives, so that a program can learn that its port is
+/// taken before it opens (or creates) its store.
+pub struct Bound {
+    cfg: ServerConfig,
+    listener: TcpListener,
+    addr: SocketAddr,
+    metrics_listener: Option<TcpListener>,
+}
+
+impl Bound {
+    /// The address clients connect to.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Starts serving `backend` on the bound addresses.
+    pub fn start(self, backend: Backend) -> Result<Server, ServerError> {
+        Server::serve(self, backend)
+    }
+}
+
 impl Server {
     /// Binds `cfg.bind` (and `cfg.metrics`, if set) and starts accepting.
     pub fn start(cfg: ServerConfig, backend: Backend) -> Result<Server, ServerError> {
+        Server::bind(cfg)?.start(backend)
+    }
+
+    /// Checks `cfg` and binds its addresses (`bind`, and `metrics` if
+    /// set); [`Bound::start`] serves them.
+    pub fn bind(cfg: ServerConfig) -> Result<Bound, ServerError> {
         cfg.validate()?;
         let listener = TcpListener::bind(&cfg.bind).map_err(|source| ServerError::Bind {
             addr: cfg.bind.clone(),
@@ -333,6 +361,21 @@ impl Server {
             "" => None,
             at => Some(prom_http::bind(at)?),
         };
+        Ok(Bound {
+            cfg,
+            listener,
+            addr,
+            metrics_listener,
+        })
+    }
+
+    fn serve(bound: Bound, backend: Backend) -> Result<Server, ServerError> {
+        let Bound {
+            cfg,
+            listener,
+            addr,
+            metrics_listener,
+        } = bound;
         let (misses, miss_jobs) = match cfg.miss_readers {
             0 => (None, None),
             _ => {
