@@ -134,9 +134,26 @@ fn mem_total_bytes() -> Option<u64> {
     Some(kib * 1024)
 }
 
+/// Refuses a page cache larger than the machine's memory: its frames are
+/// backed when the store opens, so it would run the machine out of memory
+/// instead of caching anything.
+fn check_memory(cache: u64, mem: Option<u64>) -> Result<(), String> {
+    match mem {
+        Some(mem) if cache > mem => Err(format!(
+            "the page cache ([cache] capacity_bytes = {} MiB) is larger than this machine's \
+             memory ({} MiB); its frames are backed at start, so set it well below that \
+             (the real-device default is an eighth of the memory: {} MiB)",
+            cache >> 20,
+            mem >> 20,
+            real_cache_bytes(Some(mem)) >> 20
+        )),
+        _ => Ok(()),
+    }
+}
+
 /// The page cache on a real device: an eighth of the machine's memory
 /// (the index of keys lives in memory too), at least 256 MiB, at most
-/// 4 GiB.
+/// 4 GiB; [`open_store`] cuts it to the device's size if that is less.
 fn real_cache_bytes(mem: Option<u64>) -> u64 {
     let bytes = mem.map_or(1 << 30, |m| (m / 8).clamp(256 << 20, 4 << 30));
     bytes / (1 << 20) * (1 << 20)
@@ -353,7 +370,15 @@ fn device_in(dir: &Path, kind: DeviceKind, capacity: u64) -> (DeviceSpec, u64, b
 }
 
 /// Opens (recovering) the store in the data directory.
-fn open_store(args: &ServeArgs, file: FileConfig) -> Result<(Stack, StackConfig, PathBuf), String> {
+///
+/// A default page cache (`cache_default`: not from `--config`) larger than
+/// the device is cut to the device's size, saying so: it could never hold
+/// more, and its frames are backed at start.
+fn open_store(
+    args: &ServeArgs,
+    mut file: FileConfig,
+    cache_default: bool,
+) -> Result<(Stack, StackConfig, PathBuf), String> {
     std::fs::create_dir_all(&args.data).map_err(|e| {
         format!(
             "cannot create the data directory {}: {e}",
@@ -370,6 +395,14 @@ fn open_store(args: &ServeArgs, file: FileConfig) -> Result<(Stack, StackConfig,
     let image = dir.join(image_name(args.device));
     let existed = image_len(&image).is_some();
     let (device, capacity, reopen) = device_in(&dir, args.device, size);
+    let cache = &mut file.critio.cache.capacity_bytes;
+    if cache_default && *cache > capacity {
+        *cache = (capacity >> 20 << 20).max(16 << 20);
+        println!(
+            "critio-kv: page cache {} MiB instead: the device holds no more",
+            *cache >> 20
+        );
+    }
     let cfg = StackConfig {
         device,
         capacity,
@@ -429,6 +462,7 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
         .map_err(|e| format!("cannot handle SIGINT/SIGTERM: {e}"))?;
     let base = defaults_for(args.device);
     let mut file = load_config(args.config.as_deref(), &base)?;
+    check_memory(file.critio.cache.capacity_bytes, mem_total_bytes())?;
     println!(
         "{}",
         describe_settings(&file, &base, args.device, args.scheme)
@@ -448,7 +482,8 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
     // The ports first: one that is taken is refused before the store is
     // opened, or a new image created and written.
     let bound = Server::bind(file.server.clone()).map_err(|e| e.to_string())?;
-    let (stack, stack_cfg, dir) = open_store(&args, file)?;
+    let cache_default = file.critio.cache.capacity_bytes == base.critio.cache.capacity_bytes;
+    let (stack, stack_cfg, dir) = open_store(&args, file, cache_default)?;
     let backend = Backend {
         data_dir: Some(dir.clone()),
         ..Backend::of(&stack, &stack_cfg)
@@ -490,6 +525,26 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_cache_larger_than_the_memory_is_refused() {
+        assert!(check_memory(4 << 30, Some(24 << 30)).is_ok());
+        assert!(
+            check_memory(24 << 30, Some(24 << 30)).is_ok(),
+            "the user's call"
+        );
+        let err = check_memory(100 << 30, Some(24 << 30)).unwrap_err();
+        assert!(err.contains("102400 MiB"), "{err}");
+        assert!(err.contains("memory (24576 MiB)"), "{err}");
+        assert!(
+            err.contains("3072 MiB"),
+            "says what the default would be: {err}"
+        );
+        assert!(
+            check_memory(100 << 30, None).is_ok(),
+            "no /proc/meminfo: unchecked"
+        );
+    }
 
     #[test]
     fn a_real_device_gets_machine_sized_defaults_and_a_file_overrides_them() {

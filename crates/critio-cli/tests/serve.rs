@@ -174,3 +174,29 @@ fn a_data_directory_holding_another_devices_store_is_refused() {
     assert!(err.contains("--device file (or pool)"), "{err}");
     assert!(!data.join("critio-sim.img").exists());
 }
+
+#[test]
+fn a_default_cache_is_no_larger_than_the_device() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = start(&dir.path().join("data"));
+    let first = server.startup.first().expect("a settings line");
+    // "page cache N MiB (real-device default; ...)": an eighth of the
+    // machine's memory, at least 256 MiB, the device's size here.
+    let mib: u64 = first
+        .split("page cache ")
+        .nth(1)
+        .and_then(|r| r.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no cache size in {first:?}"));
+    let cut = server
+        .startup
+        .iter()
+        .any(|l| l.contains("page cache 256 MiB instead: the device holds no more"));
+    assert_eq!(cut, mib > 256, "{:?}", server.startup);
+    let mut con = connect(server.addr);
+    redis::cmd("SET")
+        .arg("k")
+        .arg("v")
+        .exec(&mut con)
+        .expect("SET");
+}

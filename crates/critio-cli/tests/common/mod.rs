@@ -9,6 +9,9 @@ use std::process::{Child, Command, Stdio};
 pub struct Proc {
     pub child: Child,
     pub addr: SocketAddr,
+    /// What it printed before it listened.
+    #[allow(dead_code)] // not every test reads it
+    pub startup: Vec<String>,
 }
 
 impl Drop for Proc {
@@ -28,6 +31,7 @@ pub fn listening(cmd: &mut Command) -> Proc {
         .spawn()
         .expect("run critio serve");
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut startup = Vec::new();
     let addr = loop {
         let line = lines
             .next()
@@ -36,7 +40,12 @@ pub fn listening(cmd: &mut Command) -> Proc {
         if let Some(rest) = line.split("listening on ").nth(1) {
             break rest.split_whitespace().next().unwrap().parse().unwrap();
         }
+        startup.push(line);
     };
     std::thread::spawn(move || for _ in lines {});
-    Proc { child, addr }
+    Proc {
+        child,
+        addr,
+        startup,
+    }
 }
