@@ -432,6 +432,11 @@ fn open_store(
                 .and_then(|f| f.set_len(0)),
         };
     }
+    // The engine's errors are worded for clients ("ERR ..."); not here.
+    let opened = opened.map_err(|e| {
+        let text = e.to_string();
+        text.strip_prefix("ERR ").unwrap_or(&text).to_owned()
+    });
     let stack = opened.map_err(|e| match (reopen, args.device) {
         (false, DeviceKind::File | DeviceKind::Pool) => format!(
             "cannot open the store: {e} ({})",

@@ -127,6 +127,13 @@ fn a_store_too_small_to_create_leaves_no_image_and_a_larger_one_then_starts() {
     let data = dir.path().join("data");
     let err = refused(serve(&data, "4KiB"));
     assert!(err.contains("too small"), "{err}");
+    assert!(!err.contains("ERR "), "worded for a client: {err}");
+    let err = refused(serve(&data, "0"));
+    assert_eq!(err.matches("config: ").count(), 1, "{err}");
+    assert!(
+        err.contains("`device.capacity_bytes` = 0 is invalid"),
+        "{err}"
+    );
     assert!(
         !data.join("critio.img").exists(),
         "the image was left behind"

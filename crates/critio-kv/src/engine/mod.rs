@@ -235,7 +235,12 @@ impl From<critio::StackError> for EngineError {
         match e {
             critio::StackError::Log(e) => EngineError::Log(e),
             critio::StackError::Cache(e) => EngineError::Cache(e),
-            other => EngineError::Config(other.to_string()),
+            // Its text may name itself a config error already.
+            other => {
+                let text = other.to_string();
+                let text = text.strip_prefix("config: ").unwrap_or(&text);
+                EngineError::Config(text.to_owned())
+            }
         }
     }
 }
