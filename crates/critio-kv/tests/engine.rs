@@ -114,6 +114,15 @@ fn every_operation_behaves_like_redis() {
         e.set(&long, b"v", SetOptions::default()),
         Err(EngineError::KeyTooLarge { .. })
     ));
+    // It cannot be there: reading, counting or deleting it finds nothing.
+    e.set(b"m2", b"y", SetOptions::default()).unwrap();
+    assert_eq!(e.get(&long).unwrap(), None);
+    assert_eq!(e.exists(&[&long[..], b"m2"]).unwrap(), 1);
+    assert_eq!(
+        e.mget(&[&long[..], b"m2"]).unwrap(),
+        vec![None, Some(b"y".to_vec())]
+    );
+    assert_eq!(e.del(&[&long[..]]).unwrap(), 0);
     let huge = vec![0u8; 300 << 10];
     assert!(matches!(
         e.set(b"big", &huge, SetOptions::default()),

@@ -185,6 +185,35 @@ fn string_commands_reply_like_redis() {
     assert_eq!(ok::<u64>(&mut c, &["DBSIZE"]), 0);
 }
 
+/// A key longer than the engine stores (`engine.key_bytes_max`) cannot
+/// exist: reading it finds nothing, as Redis would, and writing it is
+/// refused with the limit, the rest of the command (MSET) with it.
+#[test]
+fn a_key_too_long_to_store_reads_as_absent_and_is_refused_for_writes() {
+    let (server, _stack) = start(server_config());
+    let mut c = client(server.local_addr());
+    let long = "k".repeat(5000);
+    let long = long.as_str();
+    assert_eq!(get(&mut c, long), None);
+    assert_eq!(ok::<u64>(&mut c, &["EXISTS", long]), 0);
+    assert_eq!(ok::<u64>(&mut c, &["DEL", long]), 0);
+    assert_eq!(ok::<i64>(&mut c, &["TTL", long]), -2);
+    assert_eq!(ok::<String>(&mut c, &["TYPE", long]), "none");
+    for write in [
+        &["SET", long, "v"][..],
+        &["INCR", long],
+        &["HSET", long, "f", "v"],
+        &["MSET", "a", "1", long, "v"],
+    ] {
+        let e = fails(&mut c, write);
+        assert!(
+            e.contains("key of 5000 bytes exceeds the 1024-byte limit"),
+            "{e}"
+        );
+    }
+    assert_eq!(get(&mut c, "a"), None, "MSET is all or nothing");
+}
+
 #[test]
 fn set_expiry_options() {
     let (server, _stack) = start(server_config());

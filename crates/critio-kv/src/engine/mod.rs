@@ -84,7 +84,8 @@ use vlog::Vlog;
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct EngineConfig {
-    /// The longest key, in bytes. Default 1024 (at most 2048).
+    /// The longest key, in bytes. Default 1024 (at most 2048). A write of
+    /// a longer key is refused (`KeyTooLarge`); a read finds it absent.
     pub key_bytes_max: usize,
     /// The largest value (a string, or a hash's encoding), in bytes.
     /// Default 1 MiB; a write must also fit one log record

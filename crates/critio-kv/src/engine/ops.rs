@@ -181,6 +181,13 @@ impl<'a> Held<'a> {
 }
 
 impl Inner {
+    /// Whether `key` could be stored at all (`engine.key_bytes_max`): a
+    /// read of one that could not finds it absent, as Redis would, while a
+    /// write of it is refused ([`Inner::check_key`]).
+    fn storable(&self, key: &[u8]) -> bool {
+        key.len() <= self.cfg.key_bytes_max
+    }
+
     fn check_key(&self, key: &[u8]) -> Result<(), EngineError> {
         if key.len() > self.cfg.key_bytes_max {
             return Err(EngineError::KeyTooLarge {
@@ -194,6 +201,7 @@ impl Inner {
     fn check_ops(&self, ops: &[Op]) -> Result<(), EngineError> {
         for op in ops {
             if let Op::Put(e) = op {
+                self.check_key(&e.key)?;
                 let len = e.value.stored_len();
                 if len > self.cfg.value_bytes_max {
                     return Err(EngineError::ValueTooLarge {
@@ -249,7 +257,9 @@ impl Inner {
 
     /// Reads one key.
     pub(crate) fn read(&self, key: &[u8]) -> Result<Option<Found>, EngineError> {
-        self.check_key(key)?;
+        if !self.storable(key) {
+            return Ok(None);
+        }
         let stripe = self.index.lock(Index::stripe_of(key));
         self.lookup(&stripe, key, now_ms(), true)
     }
@@ -260,7 +270,9 @@ impl Inner {
     /// stripe to wait for. Never waits for the device or for a
     /// background thread's lock (another request's, briefly).
     fn read_cached(&self, key: &[u8]) -> Result<Result<Option<Found>, Prefetch>, EngineError> {
-        self.check_key(key)?;
+        if !self.storable(key) {
+            return Ok(Ok(None));
+        }
         let s = Index::stripe_of(key);
         // Another request's hold (microseconds) is waited for.
         let Some(stripe) = self.index.lock_unless_background(s, STRIPE_SPIN) else {
@@ -289,9 +301,8 @@ impl Inner {
         load: bool,
         mut decide: impl FnMut(&[Option<Found>]) -> Result<(Vec<Op>, R), EngineError>,
     ) -> Result<R, EngineError> {
-        for k in keys {
-            self.check_key(k)?;
-        }
+        // A key too long to be stored reads as absent; writing it is
+        // refused when its operation is checked (`check_ops`).
         loop {
             if let Some(e) = self.failure() {
                 return Err(e);
@@ -514,15 +525,22 @@ impl Engine {
 
     /// DEL: returns how many keys existed.
     pub fn del(&self, keys: &[&[u8]]) -> Result<u64, EngineError> {
-        self.transact(keys, |t| keys.iter().filter(|k| t.remove(k)).count() as u64)
+        // A key too long to be stored is not there to delete.
+        let keys: Vec<&[u8]> = keys
+            .iter()
+            .copied()
+            .filter(|k| self.inner.storable(k))
+            .collect();
+        self.transact(&keys, |t| {
+            keys.iter().filter(|k| t.remove(k)).count() as u64
+        })
     }
 
     /// EXISTS: counts keys that exist (a key named twice counts twice).
     pub fn exists(&self, keys: &[&[u8]]) -> Result<u64, EngineError> {
         let now = now_ms();
         let mut n = 0;
-        for k in keys {
-            self.inner.check_key(k)?;
+        for k in keys.iter().filter(|k| self.inner.storable(k)) {
             let stripe = self.inner.index.lock(Index::stripe_of(k));
             n += u64::from(stripe.get(k).is_some_and(|l| !l.expired(now)));
         }
