@@ -349,6 +349,24 @@ fn check_kind(dir: &Path, kind: DeviceKind) -> Result<(), String> {
     }
 }
 
+/// Leaves no image behind a store that could not be created (a later
+/// start would take its size and fail the same way): removes it, or
+/// empties it again if it was there empty before. Only while no one else
+/// holds its lock: another server may be creating it at this moment.
+fn discard_new_image(image: &Path, existed: bool) {
+    use rustix::fs::{flock, FlockOperation};
+    let Ok(file) = std::fs::File::options().write(true).open(image) else {
+        return;
+    };
+    if flock(&file, FlockOperation::NonBlockingLockExclusive).is_err() {
+        return;
+    }
+    let _ = match existed {
+        false => std::fs::remove_file(image),
+        true => file.set_len(0),
+    };
+}
+
 /// The device spec and capacity for `dir`.
 fn device_in(dir: &Path, kind: DeviceKind, capacity: u64) -> (DeviceSpec, u64, bool) {
     let image = dir.join(image_name(kind));
@@ -422,15 +440,7 @@ fn open_store(
     let started = std::time::Instant::now();
     let opened = Stack::open(&cfg);
     if opened.is_err() && !reopen {
-        // A store that could not be created leaves no image behind (a
-        // later start would take its size, and fail the same way).
-        let _ = match existed {
-            false => std::fs::remove_file(&image),
-            true => std::fs::File::options()
-                .write(true)
-                .open(&image)
-                .and_then(|f| f.set_len(0)),
-        };
+        discard_new_image(&image, existed);
     }
     // The engine's errors are worded for clients ("ERR ..."); not here.
     let opened = opened.map_err(|e| {
