@@ -28,6 +28,16 @@ fn start(data: &Path) -> Proc {
     common::listening(&mut serve(data, "256MiB"))
 }
 
+/// Checks that the server at `addr` takes a write.
+fn serves(addr: SocketAddr) {
+    let mut con = connect(addr);
+    redis::cmd("SET")
+        .arg("k")
+        .arg("v")
+        .exec(&mut con)
+        .expect("SET");
+}
+
 fn connect(addr: SocketAddr) -> redis::Connection {
     redis::Client::open(format!("redis://{addr}/"))
         .unwrap()
@@ -139,12 +149,7 @@ fn a_store_too_small_to_create_leaves_no_image_and_a_larger_one_then_starts() {
         "the image was left behind"
     );
     let server = start(&data);
-    let mut con = connect(server.addr);
-    redis::cmd("SET")
-        .arg("k")
-        .arg("v")
-        .exec(&mut con)
-        .expect("SET");
+    serves(server.addr);
 }
 
 #[test]
@@ -200,10 +205,5 @@ fn a_default_cache_is_no_larger_than_the_device() {
         .iter()
         .any(|l| l.contains("page cache 256 MiB instead: the device holds no more"));
     assert_eq!(cut, mib > 256, "{:?}", server.startup);
-    let mut con = connect(server.addr);
-    redis::cmd("SET")
-        .arg("k")
-        .arg("v")
-        .exec(&mut con)
-        .expect("SET");
+    serves(server.addr);
 }
