@@ -181,13 +181,6 @@ impl<'a> Held<'a> {
 }
 
 impl Inner {
-    /// Whether `key` could be stored at all (`engine.key_bytes_max`): a
-    /// read of one that could not finds it absent, as Redis would, while a
-    /// write of it is refused ([`Inner::check_key`]).
-    fn storable(&self, key: &[u8]) -> bool {
-        key.len() <= self.cfg.key_bytes_max
-    }
-
     fn check_key(&self, key: &[u8]) -> Result<(), EngineError> {
         if key.len() > self.cfg.key_bytes_max {
             return Err(EngineError::KeyTooLarge {
@@ -257,9 +250,6 @@ impl Inner {
 
     /// Reads one key.
     pub(crate) fn read(&self, key: &[u8]) -> Result<Option<Found>, EngineError> {
-        if !self.storable(key) {
-            return Ok(None);
-        }
         let stripe = self.index.lock(Index::stripe_of(key));
         self.lookup(&stripe, key, now_ms(), true)
     }
@@ -270,9 +260,6 @@ impl Inner {
     /// stripe to wait for. Never waits for the device or for a
     /// background thread's lock (another request's, briefly).
     fn read_cached(&self, key: &[u8]) -> Result<Result<Option<Found>, Prefetch>, EngineError> {
-        if !self.storable(key) {
-            return Ok(Ok(None));
-        }
         let s = Index::stripe_of(key);
         // Another request's hold (microseconds) is waited for.
         let Some(stripe) = self.index.lock_unless_background(s, STRIPE_SPIN) else {
@@ -301,8 +288,9 @@ impl Inner {
         load: bool,
         mut decide: impl FnMut(&[Option<Found>]) -> Result<(Vec<Op>, R), EngineError>,
     ) -> Result<R, EngineError> {
-        // A key too long to be stored reads as absent; writing it is
-        // refused when its operation is checked (`check_ops`).
+        // No write puts a key longer than `key_bytes_max` in the index
+        // (`check_ops` refuses it), so reading one finds it absent, as
+        // Redis would answer.
         loop {
             if let Some(e) = self.failure() {
                 return Err(e);
@@ -525,22 +513,14 @@ impl Engine {
 
     /// DEL: returns how many keys existed.
     pub fn del(&self, keys: &[&[u8]]) -> Result<u64, EngineError> {
-        // A key too long to be stored is not there to delete.
-        let keys: Vec<&[u8]> = keys
-            .iter()
-            .copied()
-            .filter(|k| self.inner.storable(k))
-            .collect();
-        self.transact(&keys, |t| {
-            keys.iter().filter(|k| t.remove(k)).count() as u64
-        })
+        self.transact(keys, |t| keys.iter().filter(|k| t.remove(k)).count() as u64)
     }
 
     /// EXISTS: counts keys that exist (a key named twice counts twice).
     pub fn exists(&self, keys: &[&[u8]]) -> Result<u64, EngineError> {
         let now = now_ms();
         let mut n = 0;
-        for k in keys.iter().filter(|k| self.inner.storable(k)) {
+        for k in keys {
             let stripe = self.inner.index.lock(Index::stripe_of(k));
             n += u64::from(stripe.get(k).is_some_and(|l| !l.expired(now)));
         }
