@@ -339,11 +339,7 @@ fn check_kind(dir: &Path, kind: DeviceKind) -> Result<(), String> {
              new, empty one beside it; pass {names} to open that store, or another --data",
             dir.display(),
             theirs.display(),
-            match kind {
-                DeviceKind::Sim => "sim",
-                DeviceKind::File => "file",
-                DeviceKind::Pool => "pool",
-            },
+            device_name(kind),
         )),
         _ => Ok(()),
     }
@@ -367,24 +363,22 @@ fn discard_new_image(image: &Path, existed: bool) {
     };
 }
 
-/// The device spec and capacity for `dir`.
-fn device_in(dir: &Path, kind: DeviceKind, capacity: u64) -> (DeviceSpec, u64, bool) {
-    let image = dir.join(image_name(kind));
-    let existing = image_len(&image);
-    let spec = match kind {
+/// The device spec of `kind`'s image.
+fn device_spec(kind: DeviceKind, image: PathBuf) -> DeviceSpec {
+    match kind {
         DeviceKind::Sim => DeviceSpec::Sim {
             profile: Profile::Ssd,
             file: Some(image),
         },
         DeviceKind::File => DeviceSpec::Uring(image),
         DeviceKind::Pool => DeviceSpec::Pool(image),
-    };
-    let reopen = existing.is_some_and(|n| n > 0);
-    (
-        spec,
-        existing.filter(|_| reopen).unwrap_or(capacity),
-        reopen,
-    )
+    }
+}
+
+/// The name `--device` gives `kind`.
+fn device_name(kind: DeviceKind) -> String {
+    kind.to_possible_value()
+        .map_or("?".to_owned(), |v| v.get_name().to_owned())
 }
 
 /// Opens (recovering) the store in the data directory.
@@ -411,8 +405,11 @@ fn open_store(
     };
     check_kind(&dir, args.device)?;
     let image = dir.join(image_name(args.device));
-    let existed = image_len(&image).is_some();
-    let (device, capacity, reopen) = device_in(&dir, args.device, size);
+    let existing = image_len(&image);
+    // An image with data keeps its size; a missing or empty one is new.
+    let reopen = existing.is_some_and(|n| n > 0);
+    let capacity = existing.filter(|_| reopen).unwrap_or(size);
+    let device = device_spec(args.device, image.clone());
     let cache = &mut file.critio.cache.capacity_bytes;
     if cache_default && *cache > capacity {
         *cache = (capacity >> 20 << 20).max(16 << 20);
@@ -440,7 +437,7 @@ fn open_store(
     let started = std::time::Instant::now();
     let opened = Stack::open(&cfg);
     if opened.is_err() && !reopen {
-        discard_new_image(&image, existed);
+        discard_new_image(&image, existing.is_some());
     }
     // The engine's errors are worded for clients ("ERR ..."); not here.
     let opened = opened.map_err(|e| {
@@ -504,12 +501,11 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
         ..Backend::of(&stack, &stack_cfg)
     };
     let server = bound.start(backend).map_err(|e| e.to_string())?;
-    let kind = args.device.to_possible_value();
     println!(
         "critio-kv listening on {} (data dir {}, device {}, scheme {}, {} keys)",
         server.local_addr(),
         dir.display(),
-        kind.as_ref().map_or("?", |v| v.get_name()),
+        device_name(args.device),
         stack_cfg.scheme,
         stack.engine.dbsize()
     );
