@@ -903,10 +903,24 @@ fn oversized_frames_and_values_are_refused() {
     // A value over the engine's limit: an error for that command only.
     let big = vec![b'x'; VALUE_MAX + 1];
     let e = good.set::<_, _, ()>("big", &big).unwrap_err();
-    assert!(err_text(e).contains("engine.value_bytes_max"));
+    let text = err_text(e);
+    assert!(text.contains("ERR value of 65537 bytes"), "{text}");
+    assert!(text.contains("engine.value_bytes_max"), "{text}");
     let fits = vec![b'y'; VALUE_MAX];
     let _: () = good.set("big", &fits).unwrap();
     assert_eq!(good.get::<_, Vec<u8>>("big").unwrap(), fits);
+    // A hash is one value: the field that takes it over the limit is
+    // refused, and the error says the whole hash is what is too large.
+    let half = vec![b'h'; VALUE_MAX / 2];
+    let _: () = good.hset("h", "a", &half).unwrap();
+    let e = good.hset::<_, _, _, ()>("h", "b", &half).unwrap_err();
+    let text = err_text(e);
+    assert!(
+        text.contains("ERR hash (its fields and values together) of"),
+        "{text}"
+    );
+    assert!(text.contains("engine.value_bytes_max"), "{text}");
+    assert_eq!(good.hlen::<_, u64>("h").unwrap(), 1);
 }
 
 #[test]

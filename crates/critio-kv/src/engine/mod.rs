@@ -186,9 +186,12 @@ pub enum EngineError {
         /// The limit.
         max: usize,
     },
-    /// The value is too large.
-    #[error("ERR value of {len} bytes exceeds the {max}-byte limit (engine.value_bytes_max)")]
+    /// The value is too large: a string, or a hash's fields and values
+    /// together (a hash is stored as one value).
+    #[error("ERR {what} of {len} bytes exceeds the {max}-byte limit (engine.value_bytes_max)")]
     ValueTooLarge {
+        /// "value", or "hash (its fields and values together)".
+        what: &'static str,
         /// Its length.
         len: usize,
         /// The limit.

@@ -198,6 +198,10 @@ impl Inner {
                 let len = e.value.stored_len();
                 if len > self.cfg.value_bytes_max {
                     return Err(EngineError::ValueTooLarge {
+                        what: match e.value {
+                            Value::Str(_) => "value",
+                            Value::Hash(_) => "hash (its fields and values together)",
+                        },
                         len,
                         max: self.cfg.value_bytes_max,
                     });
