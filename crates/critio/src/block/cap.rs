@@ -17,6 +17,9 @@
 //!       to protect); when critical traffic returns, the cap restarts at 1
 //!   the rate never falls below min_share (half) of background's own
 //!       throughput: its bytes per second of the time pacing did not hold it
+//!   one critical request >= stall_ratio (100) x the baseline and >= stall_min
+//!       (20 ms), background recent: a stall. cap = 1 and rate /= 2 at once;
+//!       no growth, and no letting go as idle, for stall_hold (1 s)
 //! ```
 //!
 //! Why a rate: one background request at a time can still write hundreds of
@@ -51,6 +54,23 @@
 //! single samples: a device's own tail (host caches, firmware) produces rare
 //! slow critical requests with or without background, and cutting on each of
 //! them would pin the cap at 1.
+//!
+//! Except a stall. On a volume capped in bandwidth (a cloud disk, a
+//! cgroup's `io.max` or `blkio.throttle`), a background that uses up the
+//! volume's budget makes the next critical request wait until the budget
+//! refills: tens of ms, once, while every other critical request of the
+//! window is fast. The trimmed mean drops that one sample, so the cap grew
+//! and pacing stayed off while requests waited 80 ms at p99.9. A single
+//! request of at least `stall_ratio` times the baseline and `stall_min_ms`
+//! is far beyond a device's own tail (on this project's virtual disk, under
+//! the background loop, its critical requests' p99.9 stays within 1-5 ms,
+//! and a load sees a handful over 10 ms, rarely one over 20) and cuts at
+//! once: cap 1, rate halved. The budget refills over a
+//! throttling period, so growth waits `stall_hold_ms`; without the hold,
+//! the windows of fast requests after a stall (a dozen per 100 ms) grew the
+//! rate back past the cap within the period. A stall can also outlast
+//! `idle_grace`, leaving no critical completion meanwhile, which must not
+//! read as critical traffic gone.
 //!
 //! ```text
 //! ```
@@ -106,6 +126,18 @@ pub struct AutoCapConfig {
     /// background keeps at least half of its own throughput). 0 turns
     /// this floor off. Default 0.5.
     pub min_share: f64,
+    /// A single critical request this many times the clean baseline, and
+    /// at least `stall_min_ms`, with background at the device or just
+    /// before it, is a stall: the cap drops to 1 and the pacing rate
+    /// halves at once, whatever the window's mean says (see the module
+    /// docs). 0 turns this off. Default 100.
+    pub stall_ratio: f64,
+    /// The shortest stall, in ms: a device's own rare slow requests
+    /// (a host's cache, a drive's firmware) stay below it. Default 20.
+    pub stall_min_ms: u64,
+    /// After a stall, neither the cap nor the rate grows for this long, in
+    /// ms. Default 1000.
+    pub stall_hold_ms: u64,
 }
 
 impl Default for AutoCapConfig {
@@ -120,6 +152,9 @@ impl Default for AutoCapConfig {
             settle_ms: 20,
             min_rate_mib_s: 8,
             min_share: 0.5,
+            stall_ratio: 100.0,
+            stall_min_ms: 20,
+            stall_hold_ms: 1000,
         }
     }
 }
@@ -178,16 +213,18 @@ impl CapState {
 
     /// A critical request completed after `latency` at the device;
     /// `nc_alongside`: background requests at the device when it was
-    /// dispatched, plus one if any was sent while it was there.
+    /// dispatched, plus one if any was sent while it was there. True if
+    /// it was a stall (see the module docs).
     pub(crate) fn on_critical_complete(
         &mut self,
         latency: Nanos,
         nc_alongside: u32,
         dispatched: Nanos,
         now: Nanos,
-    ) {
-        if let CapState::Auto(a) = self {
-            a.on_critical_complete(latency, nc_alongside, dispatched, now);
+    ) -> bool {
+        match self {
+            CapState::Auto(a) => a.on_critical_complete(latency, nc_alongside, dispatched, now),
+            CapState::Fixed(_) => false,
         }
     }
 
@@ -422,6 +459,8 @@ pub(crate) struct AutoCap {
     probe_clean: u32,
     last_probe: Nanos,
     last_critical: Option<Nanos>,
+    /// When the last stall was seen.
+    last_stall: Option<Nanos>,
 }
 
 impl AutoCap {
@@ -447,6 +486,7 @@ impl AutoCap {
             probe_clean: 0,
             last_probe: 0,
             last_critical: None,
+            last_stall: None,
         }
     }
 
@@ -467,7 +507,7 @@ impl AutoCap {
         nc_alongside: u32,
         dispatched: Nanos,
         now: Nanos,
-    ) {
+    ) -> bool {
         self.critical_seen(now);
         let lat = latency as f64;
         let settled = self
@@ -485,6 +525,11 @@ impl AutoCap {
                 }
             }
         } else {
+            if self.is_stall(lat) {
+                self.stall(now);
+                self.maybe_probe(now);
+                return true;
+            }
             self.mixed_sum += lat;
             self.mixed_n += 1;
             self.mixed_max = self.mixed_max.max(lat);
@@ -494,6 +539,35 @@ impl AutoCap {
             self.decide(now);
         }
         self.maybe_probe(now);
+        false
+    }
+
+    /// A critical latency `stall_ratio` times the clean baseline or more,
+    /// and at least `stall_min_ms`.
+    fn is_stall(&self, lat: f64) -> bool {
+        self.cfg.stall_ratio > 0.0
+            && lat >= (self.cfg.stall_min_ms * MS) as f64
+            && self.clean.is_some_and(|c| lat >= c * self.cfg.stall_ratio)
+    }
+
+    /// A stall: cap 1 and half the rate now, no growth for a while. The
+    /// window so far is dropped (it is decided).
+    fn stall(&mut self, now: Nanos) {
+        self.last_stall = Some(now);
+        self.cap = 1;
+        let seen = self.nc_throughput(now);
+        let next = match self.pace.rate {
+            Some(r) => r / 2.0,
+            None => seen / 2.0,
+        };
+        self.pace.set(Some(next.max(self.min_rate())), now);
+        self.reset_window();
+    }
+
+    /// Within `stall_hold_ms` of the last stall.
+    fn holding(&self, now: Nanos) -> bool {
+        self.last_stall
+            .is_some_and(|t| now.saturating_sub(t) < self.cfg.stall_hold_ms * MS)
     }
 
     /// A critical request completed at `now`, timed or not (times may
@@ -549,6 +623,9 @@ impl AutoCap {
     /// Critical latency stays near the baseline: more background.
     fn grow(&mut self, now: Nanos) {
         let seen = self.nc_throughput(now);
+        if self.holding(now) {
+            return;
+        }
         match self.pace.rate {
             // Unpaced once the rate is well above what background uses.
             Some(r) if r * 1.25 > 4.0 * seen.max(self.min_rate()) => self.pace.set(None, now),
@@ -610,7 +687,9 @@ impl AutoCap {
         if bytes > 0 {
             self.last_nc_complete = Some(now);
         }
-        if self.idle(now) {
+        // Not within a stall's hold: a stall long enough to look idle
+        // (no critical completion meanwhile) is no reason to let go.
+        if self.idle(now) && !self.holding(now) {
             self.cap = (self.cap + 1).min(self.cfg.max);
             self.pace.set(None, now);
             self.probe_until = None;
@@ -715,6 +794,99 @@ mod tests {
             c.current() > before,
             "a lone outlier in a good window does not cut"
         );
+    }
+
+    /// A window of good critical samples (1.2x the 1 ms baseline) beside
+    /// a background writing 400 KiB per ms.
+    fn good_window(c: &mut CapState, now: &mut Nanos) {
+        for _ in 0..16 {
+            *now += MS;
+            c.on_noncritical_complete(400 * 1024, *now);
+            c.on_critical_complete(MS + MS / 5, 1, *now, *now);
+        }
+    }
+
+    /// A bandwidth-capped volume (a cloud disk, a cgroup's `io.max`) that
+    /// the background has used up holds the next critical request for
+    /// tens of ms, once: one slow sample in a good window, which the
+    /// window's trimmed mean would never see.
+    #[test]
+    fn a_stall_cuts_the_cap_to_one_and_paces_at_once_and_holds_growth() {
+        let (mut c, mut now) = baselined();
+        for _ in 0..6 {
+            good_window(&mut c, &mut now);
+        }
+        assert!(c.current() >= 4, "grew to {}", c.current());
+        assert_eq!(c.rate(), None);
+        // 150 ms: over 100x the 1 ms baseline and over 20 ms.
+        now += 150 * MS;
+        c.on_critical_complete(150 * MS, 1, now - 150 * MS, now);
+        assert_eq!(c.current(), 1, "cut to one at once");
+        let paced = c.rate().expect("paced at once");
+        // Good windows within the hold (a second): no growth.
+        for _ in 0..20 {
+            good_window(&mut c, &mut now); // 16 ms each
+        }
+        assert_eq!(c.current(), 1);
+        assert_eq!(c.rate(), Some(paced), "held");
+        // After it, the rate grows again.
+        now += 1000 * MS;
+        good_window(&mut c, &mut now);
+        assert!(c.rate().is_none_or(|r| r > paced), "grows after the hold");
+    }
+
+    /// The same slow request below `stall_min_ms`, or below `stall_ratio`
+    /// times the baseline, is one outlier of its window.
+    #[test]
+    fn a_slow_request_short_of_a_stall_is_an_outlier() {
+        for slow in [15 * MS, 90 * MS] {
+            // 15 ms: 150x a 100 us baseline but under 20 ms; 90 ms: over
+            // 20 ms but under 100x a 1 ms baseline.
+            let base = if slow < 20 * MS { MS / 10 } else { MS };
+            let mut c = auto_no_share();
+            let mut now = 0;
+            for _ in 0..4 {
+                now += MS;
+                c.on_critical_complete(base, 0, 0, now);
+            }
+            for _ in 0..6 {
+                for _ in 0..16 {
+                    now += MS;
+                    c.on_critical_complete(base, 1, now, now);
+                }
+            }
+            let grown = c.current();
+            assert!(grown >= 4, "grew to {grown}");
+            now += slow;
+            c.on_critical_complete(slow, 1, now - slow, now);
+            assert_eq!(c.current(), grown, "{slow} ns: no stall");
+            assert_eq!(c.rate(), None);
+        }
+    }
+
+    /// A stall longer than `idle_grace` leaves no critical completion for
+    /// that long; the background completing meanwhile must not end the
+    /// pacing the stall set.
+    #[test]
+    fn no_critical_completion_within_a_stall_s_hold_is_not_idle() {
+        let (mut c, mut now) = baselined();
+        good_window(&mut c, &mut now);
+        now += 150 * MS;
+        c.on_critical_complete(150 * MS, 1, now - 150 * MS, now);
+        let paced = c.rate().expect("paced");
+        for _ in 0..300 {
+            now += MS;
+            c.on_noncritical_complete(400 * 1024, now);
+        }
+        assert_eq!(c.rate(), Some(paced));
+        assert_eq!(c.current(), 1);
+        // Past the hold, idle again: the cap opens.
+        for _ in 0..1000 {
+            now += MS;
+            c.on_noncritical_complete(400 * 1024, now);
+        }
+        assert_eq!(c.rate(), None);
+        assert!(c.current() > 1);
     }
 
     #[test]

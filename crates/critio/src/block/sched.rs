@@ -342,6 +342,10 @@ pub struct SchedCounters {
     /// Of those, how many were still at the device when the core next
     /// changed, and completed through it.
     pub fast_adopted: u64,
+    /// Stalls the adaptive cap saw: a single critical request far slower
+    /// than its baseline, with background about (each cut the cap to one
+    /// and halved the pacing rate; see `block/cap.rs`).
+    pub cap_stalls: u64,
 }
 
 /// A lane's think time: how long after its last request completed (with
@@ -670,8 +674,10 @@ impl<P> Scheduler<P> {
         };
         let device_time = done.saturating_sub(dispatched);
         if self.cfg.classes {
-            self.cap
+            let stall = self
+                .cap
                 .on_critical_complete(device_time, nc_inflight, dispatched, done);
+            self.counters.cap_stalls += u64::from(stall);
             self.lane_completed(CRIT, done);
         }
         Some(device_time)
@@ -956,8 +962,10 @@ impl<P> Scheduler<P> {
             // shared the device with it too.
             let nc_alongside = sent.nc_at_dispatch + u32::from(self.nc_dispatched() > sent.nc_seq);
             if sent.timed {
-                self.cap
-                    .on_critical_complete(device_time, nc_alongside, sent.dispatched, now);
+                let stall =
+                    self.cap
+                        .on_critical_complete(device_time, nc_alongside, sent.dispatched, now);
+                self.counters.cap_stalls += u64::from(stall);
             } else {
                 self.cap.on_critical_untimed(now);
             }
