@@ -143,6 +143,10 @@ fn metrics_are_scraped_over_http_and_stop_with_the_server() {
     );
     assert!(sample(&body, "critio_cache_hits_total").is_some(), "{body}");
     assert!(
+        sample(&body, "critio_block_cap_stalls_total").is_some(),
+        "{body}"
+    );
+    assert!(
         sample(&body, "critio_background_cpu_floor_raises_total").is_some(),
         "{body}"
     );

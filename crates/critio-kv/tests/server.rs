@@ -297,6 +297,7 @@ fn info_and_config_get() {
         "block_critical_completions:",
         "block_critical_clean_us:",
         "block_critical_mixed_us:",
+        "block_cap_stalls:",
         "cache_hits:",
         "log_records:",
         "inherit_lock:",

@@ -395,6 +395,7 @@ fn block(s: &Shared, out: &mut String) {
     kv(out, "block_shared_dispatch_turns", st.shared_dispatch_turns);
     kv(out, "block_fast_sent", k.fast_sent);
     kv(out, "block_fast_adopted", k.fast_adopted);
+    kv(out, "block_cap_stalls", k.cap_stalls);
     kv(out, "block_noncritical_cap", st.noncritical_cap);
     kv(
         out,

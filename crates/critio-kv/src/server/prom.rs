@@ -21,7 +21,7 @@
 //! | `block_completions_total`, `block_bytes_total`          | counter   | `class`           |
 //! | `block_admission_wait_seconds`, `block_queue_wait_seconds`, `block_device_time_seconds` | histogram | `class` |
 //! | `block_promotions_total`                                | counter   | `location` (`admission`, `queue`, `device`) |
-//! | `block_starvation_dispatches_total`, `block_anticipation_holds_total`, `block_shared_dispatch_turns_total`, `block_fast_sent_total`, `block_fast_adopted_total` | counter | |
+//! | `block_starvation_dispatches_total`, `block_anticipation_holds_total`, `block_shared_dispatch_turns_total`, `block_fast_sent_total`, `block_fast_adopted_total`, `block_cap_stalls_total` | counter | |
 //! | `block_noncritical_cap` (`+Inf`: unlimited), `block_noncritical_pacing_bytes_per_second` (when paced) | gauge | |
 //! | `wait_seconds`: every wait point's waits                | histogram | `point`, `class`  |
 //! | `inherit_boosts_total`, `inherit_revocations_total`, `inherit_resolutions_total` | counter | `kind` |
@@ -331,6 +331,13 @@ fn block(out: &mut Out, b: &Backend) -> fmt::Result {
         "Fast-path requests still at the device when the core next changed, completed through it.",
         None,
         k.fast_adopted,
+    )?;
+    out.counter(
+        "block_cap_stalls",
+        "Single critical requests far slower than the adaptive cap's baseline, with \
+         background about (each cut the cap to one and halved the pacing rate).",
+        None,
+        k.cap_stalls,
     )?;
     let cap = match st.noncritical_cap {
         u32::MAX => f64::INFINITY,
