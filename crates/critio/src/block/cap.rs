@@ -65,10 +65,11 @@
 //! is far beyond a device's own tail (on this project's virtual disk, under
 //! the background loop, its critical requests' p99.9 stays within 1-5 ms,
 //! and a load sees a handful over 10 ms, rarely one over 20) and cuts at
-//! once: cap 1, rate halved. The budget refills over a
-//! throttling period, so growth waits `stall_hold_ms`; without the hold,
-//! the windows of fast requests after a stall (a dozen per 100 ms) grew the
-//! rate back past the cap within the period. A stall can also outlast
+//! once: cap 1, rate halved. The budget refills over a throttling period,
+//! so growth waits `stall_hold_ms`: the windows of fast requests after a
+//! stall (a dozen per 100 ms at this disk's commit rate) would otherwise
+//! grow the rate 1.25-fold each, back past the volume's cap within the
+//! period. A stall can also outlast
 //! `idle_grace`, leaving no critical completion meanwhile, which must not
 //! read as critical traffic gone.
 //!
