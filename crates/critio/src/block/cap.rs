@@ -556,12 +556,7 @@ impl AutoCap {
     fn stall(&mut self, now: Nanos) {
         self.last_stall = Some(now);
         self.cap = 1;
-        let seen = self.nc_throughput(now);
-        let next = match self.pace.rate {
-            Some(r) => r / 2.0,
-            None => seen / 2.0,
-        };
-        self.pace.set(Some(next.max(self.min_rate())), now);
+        self.cut(now); // at a cap of one: halves the rate
         self.reset_window();
     }
 
