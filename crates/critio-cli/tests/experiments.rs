@@ -113,7 +113,13 @@ fn every_experiment_runs_short_and_reports() {
             }
             args.extend(["--device", file_arg.as_str()]);
         }
-        let redis_runs = ["kv-background", "kv-vs-redis", "kv-cache-jobs", "run-redis"];
+        let redis_runs = [
+            "kv-background",
+            "kv-vs-redis",
+            "kv-schedulers",
+            "kv-cache-jobs",
+            "run-redis",
+        ];
         if redis_runs.contains(&name.as_str()) && which("redis-benchmark").is_none() {
             eprintln!("skipped {name}: redis-benchmark is not installed");
             continue;
@@ -127,7 +133,14 @@ fn every_experiment_runs_short_and_reports() {
             continue;
         }
         let kv_dir = format!("file:{}", dir.join(name.as_str()).display());
-        if ["kv-vs-redis", "kv-cache-jobs", "run-redis", "run-postgres"].contains(&name.as_str()) {
+        let on_a_file_system = [
+            "kv-vs-redis",
+            "kv-schedulers",
+            "kv-cache-jobs",
+            "run-redis",
+            "run-postgres",
+        ];
+        if on_a_file_system.contains(&name.as_str()) {
             args.extend(["--device", kv_dir.as_str()]);
         }
         let small = dir.join("e4-small.toml");
@@ -169,6 +182,12 @@ fn every_experiment_runs_short_and_reports() {
             );
             // The job in progress when a load ends counts by its share.
             assert!(out.contains("last job"), "{out}");
+        }
+        if name == "kv-schedulers" {
+            // A smoke run beside other tests never switches the disk's
+            // scheduler, and says so.
+            assert!(out.contains("on the scheduler in place"), "{out}");
+            assert!(out.contains("best-kernel-over-rcp"), "{out}");
         }
         if name == "e1-request-latency" {
             // On the simulated SSD the kernel baseline is an emulation,

@@ -14,6 +14,7 @@ mod fio;
 pub(crate) mod host;
 mod kv_background;
 mod kv_cache_jobs;
+mod kv_schedulers;
 mod kv_vs_redis;
 mod lock_overhead;
 mod peers;
@@ -167,6 +168,12 @@ pub const EXPERIMENTS: &[Experiment] = &[
         name: "kv-vs-redis",
         about: "critio-kv (file, none and rcp) vs stock Redis (appendfsync always): redis-benchmark alone and under BGSAVE/BGREWRITEAOF, two sizes (needs redis-server, redis-tools)",
         run: kv_vs_redis::run,
+        results_on: &[ResultsOn::File],
+    },
+    Experiment {
+        name: "kv-schedulers",
+        about: "Redis and critio-kv none, kernel-idle (ionice -c3) and rcp under BGSAVE/BGREWRITEAOF on each kernel I/O scheduler of the disk (switching needs root; needs redis-tools)",
+        run: kv_schedulers::run,
         results_on: &[ResultsOn::File],
     },
     Experiment {
