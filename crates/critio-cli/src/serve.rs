@@ -465,7 +465,33 @@ fn open_store(
     for note in stack.io.notes() {
         println!("critio-kv: note: {note}");
     }
+    if args.device != DeviceKind::Sim {
+        if let Some(note) = critio::sys::disk_of(&image).and_then(|d| idling_note(&d)) {
+            println!("critio-kv: note: {note}");
+        }
+    }
     Ok((stack, cfg, dir))
+}
+
+/// A note when the disk's I/O scheduler idles for a queue: bfq waits up to
+/// `slice_idle` after a queue's request for its next one before serving
+/// another queue, and bfq takes a request's priority from its thread, not
+/// from the request, so it neither knows which queue holds a request's
+/// I/O nor preempts the idling for it. By hand here (`critio bench
+/// kv-schedulers` has the figures) that left a SET waiting up to 300 ms
+/// behind a snapshot's writes; with `slice_idle` 0 the longest was 7 ms.
+fn idling_note(disk: &critio::sys::Disk) -> Option<String> {
+    let us = disk.slice_idle_us.filter(|&us| us > 0)?;
+    (disk.scheduler.as_deref() == Some("bfq")).then(|| {
+        format!(
+            "{name} uses bfq, which idles up to {ms} ms for one thread's I/O before it serves \
+             another's, so a request can wait behind background I/O for as long as bfq serves it \
+             (hundreds of ms measured); `echo 0 > /sys/block/{name}/queue/iosched/slice_idle` \
+             (as root), or the mq-deadline or none scheduler, removes that wait",
+            name = disk.name,
+            ms = us as f64 / 1000.0
+        )
+    })
 }
 
 /// Runs the server until SIGINT or SIGTERM.
@@ -536,6 +562,25 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn bfq_s_idling_gets_a_note_and_other_schedulers_none() {
+        let disk = |sched: &str, idle: Option<u64>| critio::sys::Disk {
+            name: "vda".to_owned(),
+            scheduler: Some(sched.to_owned()),
+            nr_requests: Some(64),
+            slice_idle_us: idle,
+        };
+        let note = idling_note(&disk("bfq", Some(8000))).expect("a note");
+        assert!(note.contains("idles up to 8 ms"), "{note}");
+        assert!(
+            note.contains("/sys/block/vda/queue/iosched/slice_idle"),
+            "{note}"
+        );
+        assert_eq!(idling_note(&disk("bfq", Some(0))), None, "idling off");
+        assert_eq!(idling_note(&disk("mq-deadline", None)), None);
+        assert_eq!(idling_note(&disk("none", None)), None);
+    }
 
     #[test]
     fn a_cache_larger_than_the_memory_is_refused() {

@@ -17,8 +17,13 @@ pub fn describe(path: &Path) -> String {
     let disk = disk_of(path).map_or_else(
         || "an unknown device".to_owned(),
         |d| {
+            // bfq's idling decides how long a request can wait behind
+            // another queue (see `critio serve`'s note on it).
+            let idle = d
+                .slice_idle_us
+                .map_or_else(String::new, |us| format!(", slice_idle {us} us"));
             format!(
-                "{} (scheduler {})",
+                "{} (scheduler {}{idle})",
                 d.name,
                 d.scheduler.as_deref().unwrap_or("unknown")
             )

@@ -6,14 +6,16 @@
 //! threads: the kernel's own priorities) and `rcp`.
 //!
 //! ```text
-//!  for each scheduler the disk offers (none, mq-deadline, kyber, bfq):
+//!  for each scheduler the disk offers (none, mq-deadline, kyber, bfq),
+//!  and bfq again with slice_idle 0:
 //!    echo SCHED > /sys/block/DISK/queue/scheduler
 //!    for redis-server, critio-kv none, kernel-idle, rcp:
 //!      start it in DIR ─> preload KEYS keys of 1 KiB ─> BGSAVE and
 //!      BGREWRITEAOF back to back, each waited for (critio-kv also
 //!      checkpoints every second) ─> redis-benchmark -t set, then -t get
 //!      (-c 20 -r KEYS -d 1024) ─> stop the loop, stop the server
-//!  the scheduler the disk had is put back, whatever happened
+//!  the scheduler the disk had is put back with its tunables, whatever
+//!  happened
 //! ```
 //!
 //! Why: how much of the kernel's help a server gets depends on the
@@ -26,6 +28,12 @@
 //! classes are made in its own layers before the kernel sees a request,
 //! so its advantage should not depend on which one runs below it; this
 //! experiment checks that on the real device.
+//!
+//! bfq runs twice: as it comes, and with its idling off (`slice_idle` 0).
+//! bfq idles after a queue's request for its next one before it serves
+//! another queue, and takes a request's priority from its thread, not
+//! from the request; `critio serve` notes it when its disk has bfq with
+//! idling on.
 //!
 //! Targets, per scheduler, are the floor a priority scheme worth its
 //! place has to clear against the best the kernel gives on that
@@ -104,30 +112,74 @@ fn schedulers(text: &str) -> (Vec<String>, Option<String>) {
     (all, critio::sys::active_scheduler(text))
 }
 
+/// The settings to run: each scheduler as it comes, and bfq once more
+/// with its idling off (`slice_idle` 0), the setting `critio serve`'s
+/// note on bfq recommends.
+fn settings(schedulers: &[String]) -> Vec<String> {
+    let mut all = schedulers.to_vec();
+    if schedulers.iter().any(|s| s == "bfq") {
+        all.push(BFQ_NO_IDLING.to_owned());
+    }
+    all
+}
+
+/// bfq with `slice_idle` 0.
+const BFQ_NO_IDLING: &str = "bfq slice_idle=0";
+
 /// A disk's I/O scheduler, switched for the experiment and put back as it
-/// was when dropped.
+/// was, with its tunables, when dropped.
 struct Switch {
-    file: PathBuf,
+    /// The disk's `queue` directory in sysfs.
+    queue: PathBuf,
     original: String,
+    /// The original scheduler's tunables (`queue/iosched/*`), each as read.
+    tunables: Vec<(PathBuf, String)>,
 }
 
 impl Switch {
-    /// The scheduler file of the disk under `dir`, its schedulers and the
-    /// active one; Err says why there is none to switch.
+    /// The queue directory of the disk under `dir`, its schedulers and
+    /// the active one; Err says why there is none to switch.
     fn of(dir: &Path) -> Result<(PathBuf, Vec<String>, String), String> {
         let disk = critio::sys::disk_of(dir)
             .ok_or_else(|| format!("{} is on no block device", dir.display()))?;
-        let file = PathBuf::from(format!("/sys/block/{}/queue/scheduler", disk.name));
+        let queue = PathBuf::from(format!("/sys/block/{}/queue", disk.name));
+        let file = queue.join("scheduler");
         let text = std::fs::read_to_string(&file)
             .map_err(|e| format!("cannot read {}: {e}", file.display()))?;
         let (all, active) = schedulers(&text);
         let active = active.ok_or_else(|| format!("{} names no scheduler", file.display()))?;
-        Ok((file, all, active))
+        Ok((queue, all, active))
     }
 
-    /// Makes `scheduler` the active one.
-    fn set(&self, scheduler: &str) -> Result<(), String> {
-        write_scheduler(&self.file, scheduler)
+    /// A switch that will put `original` and its tunables back.
+    fn new(queue: PathBuf, original: String) -> Switch {
+        let tunables = std::fs::read_dir(queue.join("iosched"))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|e| {
+                let value = std::fs::read_to_string(e.path()).ok()?;
+                Some((e.path(), value.trim().to_owned()))
+            })
+            .collect();
+        Switch {
+            queue,
+            original,
+            tunables,
+        }
+    }
+
+    /// Makes `setting` (a scheduler, or [`BFQ_NO_IDLING`]) the active one.
+    fn set(&self, setting: &str) -> Result<(), String> {
+        let file = self.queue.join("scheduler");
+        if setting == BFQ_NO_IDLING {
+            write_scheduler(&file, "bfq")?;
+            let idle = self.queue.join("iosched/slice_idle");
+            std::fs::write(&idle, "0")
+                .map_err(|e| format!("cannot write 0 to {}: {e}", idle.display()))
+        } else {
+            write_scheduler(&file, setting)
+        }
     }
 }
 
@@ -146,8 +198,19 @@ fn write_scheduler(file: &Path, scheduler: &str) -> Result<(), String> {
 
 impl Drop for Switch {
     fn drop(&mut self) {
-        if let Err(why) = write_scheduler(&self.file, &self.original) {
+        if let Err(why) = write_scheduler(&self.queue.join("scheduler"), &self.original) {
             eprintln!("kv-schedulers: could not put the scheduler back: {why}");
+            return;
+        }
+        // A scheduler starts with its defaults: the ones it had go back.
+        for (file, value) in &self.tunables {
+            let now = std::fs::read_to_string(file).unwrap_or_default();
+            if now.trim() != value && std::fs::write(file, value).is_err() {
+                eprintln!(
+                    "kv-schedulers: could not put {} back to {value}",
+                    file.display()
+                );
+            }
         }
     }
 }
@@ -270,6 +333,8 @@ fn targets(runs: &[Run], scheds: &[String]) -> Vec<Target> {
         else {
             continue;
         };
+        // `bfq slice_idle=0` names its targets `bfq-slice_idle-0-...`.
+        let s = s.replace([' ', '='], "-");
         for (test, of) in [
             ("set", (|r: &Run| r.set.p999_ms) as fn(&Run) -> f64),
             ("get", |r: &Run| r.get.p999_ms),
@@ -315,13 +380,14 @@ pub fn run(args: &BenchArgs) -> Result<Report, String> {
             None,
             "on the scheduler in place (--quick never switches it)".to_owned(),
         ),
-        Ok((file, all, active)) => {
-            let switch = Switch {
-                file,
-                original: active.clone(),
-            };
+        Ok((queue, all, active)) => {
+            let switch = Switch::new(queue, active.clone());
             match switch.set(&active) {
-                Ok(()) => (all, Some(switch), "on each scheduler in turn".to_owned()),
+                Ok(()) => (
+                    settings(&all),
+                    Some(switch),
+                    "on each scheduler in turn".to_owned(),
+                ),
                 Err(why) => {
                     std::mem::forget(switch); // nothing was changed
                     (
@@ -376,6 +442,16 @@ mod tests {
         let (all, active) = schedulers("[none] \n");
         assert_eq!(all, ["none"]);
         assert_eq!(active.as_deref(), Some("none"));
+    }
+
+    #[test]
+    fn bfq_runs_again_with_its_idling_off() {
+        let s = |v: &[&str]| v.iter().map(|x| (*x).to_owned()).collect::<Vec<_>>();
+        assert_eq!(
+            settings(&s(&["none", "mq-deadline", "bfq"])),
+            s(&["none", "mq-deadline", "bfq", BFQ_NO_IDLING])
+        );
+        assert_eq!(settings(&s(&["none", "kyber"])), s(&["none", "kyber"]));
     }
 
     fn run(scheduler: &str, kind: Kind, set_p999: f64, get_p999: f64, jobs: f64) -> Run {

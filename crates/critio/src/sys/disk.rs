@@ -19,6 +19,10 @@ pub struct Disk {
     pub scheduler: Option<String>,
     /// The scheduler's queue depth (`queue/nr_requests`).
     pub nr_requests: Option<u32>,
+    /// How long the scheduler idles for a queue that just emptied, waiting
+    /// for its next request before serving another (`queue/iosched/
+    /// slice_idle_us`; bfq has it, mq-deadline, kyber and `none` do not).
+    pub slice_idle_us: Option<u64>,
 }
 
 /// The active entry of a `queue/scheduler` file: `none [mq-deadline] bfq`.
@@ -58,6 +62,7 @@ pub fn disk_of(path: &Path) -> Option<Disk> {
         name: disk.file_name()?.to_string_lossy().into_owned(),
         scheduler: read("scheduler").and_then(|t| active_scheduler(&t)),
         nr_requests: read("nr_requests").and_then(|t| t.trim().parse().ok()),
+        slice_idle_us: read("iosched/slice_idle_us").and_then(|t| t.trim().parse().ok()),
     })
 }
 
