@@ -127,7 +127,10 @@ fn settings(schedulers: &[String]) -> Vec<String> {
 const BFQ_NO_IDLING: &str = "bfq slice_idle=0";
 
 /// A disk's I/O scheduler, switched for the experiment and put back as it
-/// was, with its tunables, when dropped.
+/// was, with its tunables, when dropped, or when the process gets SIGINT,
+/// SIGTERM or SIGHUP meanwhile (a run stopped with Ctrl-C does not leave
+/// the disk on another scheduler).
+#[derive(Clone)]
 struct Switch {
     /// The disk's `queue` directory in sysfs.
     queue: PathBuf,
@@ -169,6 +172,28 @@ impl Switch {
         }
     }
 
+    /// Puts the scheduler back on SIGINT, SIGTERM or SIGHUP, then exits
+    /// as the signal would have (status 128 + its number). The watcher
+    /// stays for the process's life: once the switch has put everything
+    /// back, putting it back again changes nothing.
+    fn restore_on_signal(&self) -> Result<(), String> {
+        use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+        let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP])
+            .map_err(|e| format!("cannot watch for signals: {e}"))?;
+        let copy = self.clone();
+        std::thread::Builder::new()
+            .name("kv-schedulers-signals".into())
+            .spawn(move || {
+                if let Some(sig) = signals.forever().next() {
+                    eprintln!("kv-schedulers: signal {sig}: putting the disk's scheduler back");
+                    copy.restore();
+                    std::process::exit(128 + sig);
+                }
+            })
+            .map(drop)
+            .map_err(|e| format!("cannot start the signal watcher: {e}"))
+    }
+
     /// Makes `setting` (a scheduler, or [`BFQ_NO_IDLING`]) the active one.
     fn set(&self, setting: &str) -> Result<(), String> {
         let file = self.queue.join("scheduler");
@@ -179,6 +204,25 @@ impl Switch {
                 .map_err(|e| format!("cannot write 0 to {}: {e}", idle.display()))
         } else {
             write_scheduler(&file, setting)
+        }
+    }
+
+    /// Puts the original scheduler back, then its tunables (a scheduler
+    /// starts with its defaults). Writing the active scheduler again
+    /// changes nothing, nor does a tunable that already has its value.
+    fn restore(&self) {
+        if let Err(why) = write_scheduler(&self.queue.join("scheduler"), &self.original) {
+            eprintln!("kv-schedulers: could not put the scheduler back: {why}");
+            return;
+        }
+        for (file, value) in &self.tunables {
+            let now = std::fs::read_to_string(file).unwrap_or_default();
+            if now.trim() != value && std::fs::write(file, value).is_err() {
+                eprintln!(
+                    "kv-schedulers: could not put {} back to {value}",
+                    file.display()
+                );
+            }
         }
     }
 }
@@ -198,20 +242,7 @@ fn write_scheduler(file: &Path, scheduler: &str) -> Result<(), String> {
 
 impl Drop for Switch {
     fn drop(&mut self) {
-        if let Err(why) = write_scheduler(&self.queue.join("scheduler"), &self.original) {
-            eprintln!("kv-schedulers: could not put the scheduler back: {why}");
-            return;
-        }
-        // A scheduler starts with its defaults: the ones it had go back.
-        for (file, value) in &self.tunables {
-            let now = std::fs::read_to_string(file).unwrap_or_default();
-            if now.trim() != value && std::fs::write(file, value).is_err() {
-                eprintln!(
-                    "kv-schedulers: could not put {} back to {value}",
-                    file.display()
-                );
-            }
-        }
+        self.restore();
     }
 }
 
@@ -382,14 +413,17 @@ pub fn run(args: &BenchArgs) -> Result<Report, String> {
         ),
         Ok((queue, all, active)) => {
             let switch = Switch::new(queue, active.clone());
-            match switch.set(&active) {
+            match switch
+                .set(&active)
+                .and_then(|()| switch.restore_on_signal())
+            {
                 Ok(()) => (
                     settings(&all),
                     Some(switch),
                     "on each scheduler in turn".to_owned(),
                 ),
                 Err(why) => {
-                    std::mem::forget(switch); // nothing was changed
+                    std::mem::forget(switch); // nothing was changed yet
                     (
                         vec![active],
                         None,
