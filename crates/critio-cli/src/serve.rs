@@ -477,9 +477,9 @@ fn open_store(
 /// `slice_idle` after a queue's request for its next one before serving
 /// another queue, and bfq takes a request's priority from its thread, not
 /// from the request, so it neither knows which queue holds a request's
-/// I/O nor preempts the idling for it. By hand here (`critio bench
-/// kv-schedulers` has the figures) that left a SET waiting up to 300 ms
-/// behind a snapshot's writes; with `slice_idle` 0 the longest was 7 ms.
+/// I/O nor preempts the idling for it. On this project's virtual machine
+/// (docs/RESULTS.md, kv-schedulers) that left a SET waiting up to 380 ms
+/// behind BGSAVE and BGREWRITEAOF; with `slice_idle` 0, at most 8 ms.
 fn idling_note(disk: &critio::sys::Disk) -> Option<String> {
     let us = disk.slice_idle_us.filter(|&us| us > 0)?;
     (disk.scheduler.as_deref() == Some("bfq")).then(|| {

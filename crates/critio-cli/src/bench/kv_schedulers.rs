@@ -29,7 +29,9 @@
 //! so its advantage should not depend on which one runs below it; this
 //! experiment checks that on the real device.
 //!
-//! bfq runs twice: as it comes, and with its idling off (`slice_idle` 0).
+//! Each scheduler runs with its defaults, except the one in place, which
+//! keeps its tunables as they were. bfq runs once more with its idling
+//! off (`slice_idle` 0).
 //! bfq idles after a queue's request for its next one before it serves
 //! another queue, and takes a request's priority from its thread, not
 //! from the request; `critio serve` notes it when its disk has bfq with
@@ -46,6 +48,7 @@
 //! them), the experiment runs on the scheduler in place and says so.
 
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use critio_kv::Scheme;
@@ -59,14 +62,15 @@ use super::BenchArgs;
 
 const CLIENTS: u32 = 20;
 const VALUE_BYTES: usize = 1024;
-/// critio-kv's image file, reserved in full when the server starts.
-const IMAGE_BYTES: u64 = 8 << 30;
 const SCHEMES: [Scheme; 3] = [Scheme::None, Scheme::KernelIdle, Scheme::Rcp];
 
 /// The load: kv-vs-redis's "fits" size (or a small one for `--quick`).
 #[derive(Clone, Copy, Debug)]
 struct Load {
     keys: u64,
+    /// critio-kv's image file, reserved in full (and written with zeros)
+    /// when the server starts: a short run asks for little.
+    image_bytes: u64,
     cache_bytes: u64,
     set_requests: u64,
     get_requests: u64,
@@ -76,6 +80,7 @@ fn load(quick: bool) -> Load {
     if quick {
         Load {
             keys: 20_000,
+            image_bytes: 1 << 30,
             cache_bytes: 64 << 20,
             set_requests: 3_000,
             get_requests: 6_000,
@@ -83,6 +88,7 @@ fn load(quick: bool) -> Load {
     } else {
         Load {
             keys: 300_000,
+            image_bytes: 8 << 30,
             cache_bytes: 1 << 30,
             set_requests: 200_000,
             get_requests: 600_000,
@@ -112,7 +118,7 @@ fn schedulers(text: &str) -> (Vec<String>, Option<String>) {
     (all, critio::sys::active_scheduler(text))
 }
 
-/// The settings to run: each scheduler as it comes, and bfq once more
+/// The settings to run: each scheduler, and bfq once more
 /// with its idling off (`slice_idle` 0), the setting `critio serve`'s
 /// note on bfq recommends.
 fn settings(schedulers: &[String]) -> Vec<String> {
@@ -130,8 +136,15 @@ const BFQ_NO_IDLING: &str = "bfq slice_idle=0";
 /// was, with its tunables, when dropped, or when the process gets SIGINT,
 /// SIGTERM or SIGHUP meanwhile (a run stopped with Ctrl-C does not leave
 /// the disk on another scheduler).
-#[derive(Clone)]
 struct Switch {
+    /// What to put back; `None` once put back. Shared with the signal
+    /// watcher, and held while a setting is written, so a signal cannot
+    /// restore between the two writes of one.
+    saved: Arc<Mutex<Option<Saved>>>,
+}
+
+/// The disk's scheduler before the experiment.
+struct Saved {
     /// The disk's `queue` directory in sysfs.
     queue: PathBuf,
     original: String,
@@ -139,23 +152,27 @@ struct Switch {
     tunables: Vec<(PathBuf, String)>,
 }
 
-impl Switch {
-    /// The queue directory of the disk under `dir`, its schedulers and
-    /// the active one; Err says why there is none to switch.
-    fn of(dir: &Path) -> Result<(PathBuf, Vec<String>, String), String> {
-        let disk = critio::sys::disk_of(dir)
-            .ok_or_else(|| format!("{} is on no block device", dir.display()))?;
-        let queue = PathBuf::from(format!("/sys/block/{}/queue", disk.name));
-        let file = queue.join("scheduler");
-        let text = std::fs::read_to_string(&file)
-            .map_err(|e| format!("cannot read {}: {e}", file.display()))?;
-        let (all, active) = schedulers(&text);
-        let active = active.ok_or_else(|| format!("{} names no scheduler", file.display()))?;
-        Ok((queue, all, active))
-    }
+/// The queue directory of the disk under `dir`, its schedulers and the
+/// active one; Err says why there is none to switch.
+fn disk_queue(dir: &Path) -> Result<(PathBuf, Vec<String>, String), String> {
+    let disk = critio::sys::disk_of(dir)
+        .ok_or_else(|| format!("{} is on no block device", dir.display()))?;
+    let queue = PathBuf::from(format!("/sys/block/{}/queue", disk.name));
+    let file = queue.join("scheduler");
+    let text = std::fs::read_to_string(&file)
+        .map_err(|e| format!("cannot read {}: {e}", file.display()))?;
+    let (all, active) = schedulers(&text);
+    let active = active.ok_or_else(|| format!("{} names no scheduler", file.display()))?;
+    Ok((queue, all, active))
+}
 
-    /// A switch that will put `original` and its tunables back.
-    fn new(queue: PathBuf, original: String) -> Switch {
+impl Switch {
+    /// Takes over the disk's scheduler: checks that `active` can be
+    /// written (root), saves it and its tunables, and starts the signal
+    /// watcher. Err: nothing was changed, and nothing will be.
+    fn take(queue: PathBuf, active: String) -> Result<Switch, String> {
+        // Writing the active scheduler again changes nothing.
+        write_scheduler(&queue.join("scheduler"), &active)?;
         let tunables = std::fs::read_dir(queue.join("iosched"))
             .into_iter()
             .flatten()
@@ -165,66 +182,82 @@ impl Switch {
                 Some((e.path(), value.trim().to_owned()))
             })
             .collect();
-        Switch {
+        let saved = Arc::new(Mutex::new(Some(Saved {
             queue,
-            original,
+            original: active,
             tunables,
-        }
-    }
-
-    /// Puts the scheduler back on SIGINT, SIGTERM or SIGHUP, then exits
-    /// as the signal would have (status 128 + its number). The watcher
-    /// stays for the process's life: once the switch has put everything
-    /// back, putting it back again changes nothing.
-    fn restore_on_signal(&self) -> Result<(), String> {
-        use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
-        let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP])
-            .map_err(|e| format!("cannot watch for signals: {e}"))?;
-        let copy = self.clone();
-        std::thread::Builder::new()
-            .name("kv-schedulers-signals".into())
-            .spawn(move || {
-                if let Some(sig) = signals.forever().next() {
-                    eprintln!("kv-schedulers: signal {sig}: putting the disk's scheduler back");
-                    copy.restore();
-                    std::process::exit(128 + sig);
-                }
-            })
-            .map(drop)
-            .map_err(|e| format!("cannot start the signal watcher: {e}"))
+        })));
+        watch_signals(saved.clone())?;
+        Ok(Switch { saved })
     }
 
     /// Makes `setting` (a scheduler, or [`BFQ_NO_IDLING`]) the active one.
     fn set(&self, setting: &str) -> Result<(), String> {
-        let file = self.queue.join("scheduler");
+        let guard = self.saved.lock().unwrap_or_else(|e| e.into_inner());
+        let saved = guard.as_ref().ok_or("the scheduler was put back")?;
+        let file = saved.queue.join("scheduler");
         if setting == BFQ_NO_IDLING {
             write_scheduler(&file, "bfq")?;
-            let idle = self.queue.join("iosched/slice_idle");
+            let idle = saved.queue.join("iosched/slice_idle");
             std::fs::write(&idle, "0")
                 .map_err(|e| format!("cannot write 0 to {}: {e}", idle.display()))
         } else {
             write_scheduler(&file, setting)
         }
     }
+}
 
-    /// Puts the original scheduler back, then its tunables (a scheduler
-    /// starts with its defaults). Writing the active scheduler again
-    /// changes nothing, nor does a tunable that already has its value.
-    fn restore(&self) {
-        if let Err(why) = write_scheduler(&self.queue.join("scheduler"), &self.original) {
-            eprintln!("kv-schedulers: could not put the scheduler back: {why}");
-            return;
-        }
-        for (file, value) in &self.tunables {
-            let now = std::fs::read_to_string(file).unwrap_or_default();
-            if now.trim() != value && std::fs::write(file, value).is_err() {
-                eprintln!(
-                    "kv-schedulers: could not put {} back to {value}",
-                    file.display()
-                );
-            }
+impl Drop for Switch {
+    fn drop(&mut self) {
+        restore(&self.saved);
+    }
+}
+
+/// Puts the original scheduler back, then its tunables (a scheduler
+/// starts with its defaults), once.
+fn restore(saved: &Mutex<Option<Saved>>) {
+    let mut guard = saved.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(s) = guard.take() else {
+        return;
+    };
+    if let Err(why) = write_scheduler(&s.queue.join("scheduler"), &s.original) {
+        eprintln!("kv-schedulers: could not put the scheduler back: {why}");
+        return;
+    }
+    for (file, value) in &s.tunables {
+        let now = std::fs::read_to_string(file).unwrap_or_default();
+        if now.trim() != value && std::fs::write(file, value).is_err() {
+            eprintln!(
+                "kv-schedulers: could not put {} back to {value}",
+                file.display()
+            );
         }
     }
+}
+
+/// On SIGINT, SIGTERM or SIGHUP: puts the scheduler back if it is not
+/// yet, then exits as the signal would have (status 128 + its number).
+/// The watcher stays for the process's life (`bench all` runs other
+/// experiments after this one): signal-hook does not give a signal its
+/// default action back once watched, so the watcher keeps ending the
+/// process on one, which after the switch dropped restores nothing.
+fn watch_signals(saved: Arc<Mutex<Option<Saved>>>) -> Result<(), String> {
+    use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+    let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP])
+        .map_err(|e| format!("cannot watch for signals: {e}"))?;
+    std::thread::Builder::new()
+        .name("kv-schedulers-signals".into())
+        .spawn(move || {
+            if let Some(sig) = signals.forever().next() {
+                if saved.lock().unwrap_or_else(|e| e.into_inner()).is_some() {
+                    eprintln!("kv-schedulers: signal {sig}: putting the disk's scheduler back");
+                }
+                restore(&saved);
+                std::process::exit(128 + sig);
+            }
+        })
+        .map(drop)
+        .map_err(|e| format!("cannot start the signal watcher: {e}"))
 }
 
 fn write_scheduler(file: &Path, scheduler: &str) -> Result<(), String> {
@@ -240,12 +273,6 @@ fn write_scheduler(file: &Path, scheduler: &str) -> Result<(), String> {
     }
 }
 
-impl Drop for Switch {
-    fn drop(&mut self) {
-        self.restore();
-    }
-}
-
 fn run_peer(
     kind: Kind,
     scheduler: &str,
@@ -255,7 +282,16 @@ fn run_peer(
 ) -> Result<Run, String> {
     let label = format!("{scheduler} {}", kind.label());
     let pb = progress_bar(&label);
-    let peer = Peer::start(kind, dir, IMAGE_BYTES, load.cache_bytes, &args.placement)?;
+    let peer = Peer::start(
+        kind,
+        dir,
+        load.image_bytes,
+        load.cache_bytes,
+        &args.placement,
+    )?;
+    for line in &peer.banner {
+        pb.suspend(|| eprintln!("kv-schedulers: {label}: {line}"));
+    }
     pb.set_message("preload");
     peer.preload(load.keys, VALUE_BYTES, &pb)?;
     pb.set_message("with background work");
@@ -400,9 +436,9 @@ pub fn run(args: &BenchArgs) -> Result<Report, String> {
     let machine = host::describe(&dir);
     let load = load(args.quick);
     // The schedulers to run, and the switch that puts the disk's back.
-    let (scheds, switch, how) = match Switch::of(&dir) {
+    let (scheds, switch, how) = match disk_queue(&dir) {
         Err(why) => (
-            vec!["(unknown)".to_owned()],
+            vec!["in-place".to_owned()],
             None,
             format!("on the scheduler in place ({why})"),
         ),
@@ -411,27 +447,18 @@ pub fn run(args: &BenchArgs) -> Result<Report, String> {
             None,
             "on the scheduler in place (--quick never switches it)".to_owned(),
         ),
-        Ok((queue, all, active)) => {
-            let switch = Switch::new(queue, active.clone());
-            match switch
-                .set(&active)
-                .and_then(|()| switch.restore_on_signal())
-            {
-                Ok(()) => (
-                    settings(&all),
-                    Some(switch),
-                    "on each scheduler in turn".to_owned(),
-                ),
-                Err(why) => {
-                    std::mem::forget(switch); // nothing was changed yet
-                    (
-                        vec![active],
-                        None,
-                        format!("on the scheduler in place (cannot switch: {why})"),
-                    )
-                }
-            }
-        }
+        Ok((queue, all, active)) => match Switch::take(queue, active.clone()) {
+            Ok(switch) => (
+                settings(&all),
+                Some(switch),
+                format!("on each scheduler in turn, the one in place ({active}) with its tunables as they were, the others with their defaults"),
+            ),
+            Err(why) => (
+                vec![active],
+                None,
+                format!("on the scheduler in place (cannot switch: {why})"),
+            ),
+        },
     };
     eprintln!(
         "kv-schedulers: {} ({machine}), {how}: {}",
