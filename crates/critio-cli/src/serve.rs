@@ -478,8 +478,9 @@ fn open_store(
 /// another queue, and bfq takes a request's priority from its thread, not
 /// from the request, so it neither knows which queue holds a request's
 /// I/O nor preempts the idling for it. On this project's virtual machine
-/// (docs/RESULTS.md, kv-schedulers) that left a SET waiting up to 380 ms
-/// behind BGSAVE and BGREWRITEAOF; with `slice_idle` 0, at most 8 ms.
+/// (docs/RESULTS.md, kv-schedulers) that left an rcp SET waiting up to
+/// 457 ms behind BGSAVE and BGREWRITEAOF; with `slice_idle` 0, at most
+/// 11 ms.
 fn idling_note(disk: &critio::sys::Disk) -> Option<String> {
     let us = disk.slice_idle_us.filter(|&us| us > 0)?;
     (disk.scheduler.as_deref() == Some("bfq")).then(|| {
