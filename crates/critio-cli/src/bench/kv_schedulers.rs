@@ -57,7 +57,7 @@ use serde_json::json;
 use super::host;
 use super::kv_background::TestResult;
 use super::peers::{benchmark, progress_bar, redis_server_version, BackgroundLoop, Kind, Peer};
-use super::report::{Goal, Report, Table, Target};
+use super::report::{ratio, Goal, Report, Table, Target};
 use super::BenchArgs;
 
 const CLIENTS: u32 = 20;
@@ -359,10 +359,6 @@ fn latency_table(runs: &[Run], load: &Load) -> Table {
 fn find<'a>(runs: &'a [Run], scheduler: &str, kind: Kind) -> Option<&'a Run> {
     runs.iter()
         .find(|r| r.scheduler == scheduler && r.kind == kind)
-}
-
-fn ratio(a: f64, b: f64) -> f64 {
-    a / b.max(1e-9)
 }
 
 /// Each other server's p99.9 over rcp's, per scheduler and test.

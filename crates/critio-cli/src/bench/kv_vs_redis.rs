@@ -65,7 +65,7 @@ use super::peers::{
     Peer, Rounds,
 };
 use super::placement::Placement;
-use super::report::{Goal, Report, Table, Target};
+use super::report::{ratio, Goal, Report, Table, Target};
 use super::runq::RunQueue;
 use super::stalls::{self, probed, Stalls};
 use super::BenchArgs;
@@ -711,10 +711,6 @@ fn ceiling_table(runs: &[Run], with_redis: bool, frontiers: &[(&Size, Vec<Fronti
         }
     }
     t
-}
-
-fn ratio(a: f64, b: f64) -> f64 {
-    a / b.max(1e-9)
 }
 
 fn targets(runs: &[Run], with_redis: bool) -> Vec<Target> {

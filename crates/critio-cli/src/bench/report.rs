@@ -21,6 +21,12 @@ pub struct Report {
     pub targets: Vec<Target>,
 }
 
+/// `a` over `b`, a target's ratio; a `b` of zero (nothing measured)
+/// counts as a nanosecond's worth, so the ratio stays finite.
+pub fn ratio(a: f64, b: f64) -> f64 {
+    a / b.max(1e-9)
+}
+
 /// A table of measurements; cells are JSON values so the JSON keeps numbers.
 #[derive(Debug, Serialize)]
 pub struct Table {

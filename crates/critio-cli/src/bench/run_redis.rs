@@ -42,7 +42,7 @@ use super::host;
 use super::kv_background::TestResult;
 use super::peers::{benchmark, redis_server_version, BackgroundLoop, Peer, Rounds};
 use super::placement::Placement;
-use super::report::{Goal, Report, Table, Target};
+use super::report::{ratio, Goal, Report, Table, Target};
 use super::stalls::{self, probed, Stalls};
 use super::BenchArgs;
 
@@ -370,10 +370,6 @@ fn find(runs: &[Run], setup: Setup) -> &Run {
     runs.iter()
         .find(|r| r.setup == setup)
         .expect("every setup ran")
-}
-
-fn ratio(a: f64, b: f64) -> f64 {
-    a / b.max(1e-9)
 }
 
 /// Issue 14's goals for one operation of `name`'s run against a run
