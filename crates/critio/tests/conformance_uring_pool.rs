@@ -174,6 +174,55 @@ fn uring_reads_and_writes_in_its_callers_thread() {
     assert_eq!(c.buf.as_slice(), &big[..]);
 }
 
+/// A write done in its caller's thread (`pwrite`, which carries the
+/// thread's I/O priority, not a per-request one) takes the request's
+/// priority for the write and leaves the thread with its own after it,
+/// whatever that was; with per-request priorities off the thread's own is
+/// never touched.
+#[test]
+fn uring_write_in_its_callers_thread_gives_the_thread_its_priority_back() {
+    let path = TempPath::new(&disk_dir(), "uring-here-prio");
+    let Some(dev) = uring_or_skip(&path, UringOptions::default()) else {
+        return;
+    };
+    let write = |dev: &UringDevice, class: Class, fill: u8| {
+        let cmd = Command::write(0, AlignedBuf::from_slice(&[fill; 4096]), class);
+        match dev.submit_here(cmd) {
+            Ok(c) => c.result.unwrap(),
+            Err(_) => panic!("a write was handed back"),
+        }
+    };
+    let before = thread_ioprio(0).unwrap();
+    for own in [
+        IoPriority::None,
+        IoPriority::BestEffort(5),
+        IoPriority::Idle,
+    ] {
+        critio::sys::set_thread_ioprio(0, own).unwrap();
+        for (i, class) in [Class::Critical, Class::NonCritical]
+            .into_iter()
+            .enumerate()
+        {
+            write(&dev, class, i as u8 + 1);
+            assert_eq!(thread_ioprio(0).unwrap(), own, "after a {class:?} write");
+        }
+    }
+    let c = submit_and_wait(&dev, Command::read(0, 4096, Class::Critical));
+    assert_eq!(c.buf.as_slice(), &[2; 4096], "the writes landed");
+    drop(dev);
+    let off = UringOptions {
+        per_request_ioprio: false,
+        ..UringOptions::default()
+    };
+    let Some(dev) = uring_or_skip(&path, off) else {
+        return;
+    };
+    critio::sys::set_thread_ioprio(0, IoPriority::BestEffort(6)).unwrap();
+    write(&dev, Class::Critical, 7);
+    assert_eq!(thread_ioprio(0).unwrap(), IoPriority::BestEffort(6));
+    critio::sys::set_thread_ioprio(0, before).unwrap();
+}
+
 #[test]
 fn uring_conforms_with_per_request_ioprio_off() {
     let path = TempPath::new(&disk_dir(), "uring-noprio");
@@ -250,6 +299,31 @@ fn uring_falls_back_to_best_effort_when_rt_is_refused() {
     assert_eq!(p.critical, IoPriority::BestEffort(0));
     assert_eq!(p.non_critical, IoPriority::Idle);
     write_read(&*dev, 4096, Class::Critical);
+    // A write in its caller's thread takes the request's priority for the
+    // thread (`ioprio_set`), which the kernel refuses the same way.
+    let path = TempPath::new(&disk_dir(), "uring-fallback-here");
+    let Some(dev) = uring_or_skip(&path, UringOptions::default()) else {
+        return;
+    };
+    let dev = Arc::new(dev);
+    let d = dev.clone();
+    std::thread::spawn(move || {
+        drop_rt_privilege();
+        let cmd = Command::write(0, AlignedBuf::from_slice(&[5; 4096]), Class::Critical);
+        match d.submit_here(cmd) {
+            Ok(c) => c.result.unwrap(),
+            Err(_) => panic!("a write was handed back"),
+        }
+        assert_eq!(thread_ioprio(0).unwrap(), IoPriority::None, "given back");
+    })
+    .join()
+    .unwrap();
+    assert_eq!(
+        dev.effective_priorities().critical,
+        IoPriority::BestEffort(0)
+    );
+    let c = submit_and_wait(&*dev, Command::read(0, 4096, Class::Critical));
+    assert_eq!(c.buf.as_slice(), &[5; 4096]);
 }
 
 #[test]

@@ -48,6 +48,10 @@ pub use raw::{
     SchedPolicy, CEILING_RT_PRIORITY,
 };
 
+/// The raw calls, for a synchronous write that takes its request's
+/// priority for its thread (`device::uring`).
+pub(crate) use raw::{ioprio_get, ioprio_set};
+
 pub use disk::{active_scheduler, disk_of, Disk};
 pub use prio::{
     set_thread_ioprio, set_thread_ioprio_or_fallback, thread_ioprio, ClassPriorities, InvalidLevel,

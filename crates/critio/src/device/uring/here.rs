@@ -1,18 +1,21 @@
-//! Reads and writes done by the thread that waits for them, each thread on
-//! a small ring of its own per device.
+//! Reads and writes done by the thread that waits for them: a read on a
+//! small ring of the thread's own per device, a write with `pwrite`.
 //!
 //! ```text
-//!  caller: SQE{op, fd, buf, offset, ioprio(class)} ─> io_uring_enter(submit 1, wait 1)
+//!  read:  SQE{Read, fd, buf, offset, ioprio(class)} ─> io_uring_enter(submit 1, wait 1)
 //!             ^                                               │ kernel ─> CQE, wakes the caller
 //!             └── short transfer, EAGAIN/EINTR, refused RT ───┘ (up to ATTEMPTS_MAX SQEs)
+//!  write: ioprio_set(self, ioprio(class)) ─> pwrite (short: again) ─> ioprio_set(self, own)
 //! ```
 //!
-//! The same SQE as through the shared ring (so the same per-request I/O
-//! priority reaches the kernel's scheduler and the drive), but no reaper:
-//! the `io_uring_enter` that submits it waits for its completion, and the
-//! kernel wakes the caller itself. The caller's buffer stays in this frame
-//! until its CQE has been taken; nothing returns while the kernel may
-//! still use it.
+//! A read is the same SQE as through the shared ring (so the same
+//! per-request I/O priority reaches the kernel's scheduler and the drive),
+//! but no reaper: the `io_uring_enter` that submits it waits for its
+//! completion, and the kernel wakes the caller itself. The caller's buffer
+//! stays in this frame until its CQE has been taken; nothing returns while
+//! the kernel may still use it. A write is a system call ([`write`] says
+//! why), which carries the thread's I/O priority: the thread takes the
+//! request's for it.
 //!
 //! A thread keeps at most [`RINGS_PER_THREAD`] rings, one per device it
 //! used last (a ring is a file descriptor and two small mappings), and
@@ -28,7 +31,7 @@ use io_uring::{types, IoUring};
 use super::reaper::Shared;
 use super::state::{sqe, too_many_attempts, transfer_outcome, Outcome, ATTEMPTS_MAX};
 use crate::device::{AlignedBuf, Command, Completion, DeviceError, Op};
-use crate::sys::IoPriority;
+use crate::sys::{self, IoPriority};
 
 /// Rings one thread keeps, one per device (the least recently used goes).
 const RINGS_PER_THREAD: usize = 4;
@@ -50,8 +53,10 @@ pub(super) fn next_device_id() -> u64 {
 /// Does the read or write `cmd` (validated) in this thread; hands it back
 /// if it is a flush or the thread has no ring and cannot set one up.
 pub(super) fn submit(shared: &Shared, cmd: Command) -> Result<Completion, Command> {
-    if cmd.op == Op::Flush {
-        return Err(cmd);
+    match cmd.op {
+        Op::Flush => return Err(cmd),
+        Op::Write => return Ok(write(shared, cmd)),
+        Op::Read => {}
     }
     RINGS.with(|rings| {
         let Ok(mut rings) = rings.try_borrow_mut() else {
@@ -152,6 +157,83 @@ fn run(shared: &Shared, ring: &mut IoUring, cmd: Command) -> (Completion, bool) 
         source,
     });
     (Completion { result, buf }, true)
+}
+
+/// Does the write `cmd` with `pwrite` in this thread, under the request's
+/// I/O priority.
+///
+/// Why not the ring: the kernel completes an asynchronous `O_DIRECT` write
+/// on ext4 in a kernel worker (`iomap_dio_complete_work` on the `dio/DISK`
+/// workqueue), which then posts the CQE and wakes the caller: two thread
+/// wake-ups where a synchronous write has one (the caller's own, which
+/// finishes the write in its own context). `perf record -e
+/// workqueue:workqueue_execute_start -a` over critio-kv's SET load counted
+/// one such work item per log commit; that worker runs at the normal CPU
+/// priority on whichever CPU the I/O completed, so on a busy machine each
+/// commit also waited for it to be scheduled.
+///
+/// The priority: a synchronous write carries its thread's I/O priority
+/// (`ioprio_set`), not a per-request one, so the thread takes the
+/// request's for the write and gets its own back after it. With
+/// per-request priorities off, the thread's own is used, as the ring does.
+/// Where the kernel refuses RT, the class falls back as on the ring.
+fn write(shared: &Shared, cmd: Command) -> Completion {
+    let Command {
+        op,
+        offset,
+        buf,
+        class,
+        ..
+    } = cmd;
+    let len = buf.len();
+    let mut ioprio = shared.state.lock().ioprio(class);
+    // The thread's own priority, put back after the write; none to put
+    // back where it already has the request's.
+    let own = match ioprio {
+        0 => None,
+        _ => sys::ioprio_get(0).ok().filter(|&own| own != ioprio),
+    };
+    if own.is_some() {
+        if let Err(e) = sys::ioprio_set(0, ioprio) {
+            let refused = e.raw_os_error() == Some(libc::EPERM)
+                && IoPriority::decode(ioprio).is_some_and(IoPriority::is_realtime);
+            if refused {
+                ioprio = shared.state.lock().fall_back(class).encode();
+            }
+            // Refused again, or for another reason: the write goes at the
+            // thread's own priority rather than not at all.
+            let _ = sys::ioprio_set(0, ioprio);
+        }
+    }
+    let mut transferred = 0;
+    let mut attempts = 0;
+    let result = loop {
+        attempts += 1;
+        let rest = &buf.as_slice()[transferred..];
+        let outcome =
+            match rustix::io::pwrite(&shared.caller_file, rest, offset + transferred as u64) {
+                Ok(n) => transfer_outcome(op, len, &mut transferred, n),
+                Err(e) if e == rustix::io::Errno::INTR || e == rustix::io::Errno::AGAIN => {
+                    Outcome::Again
+                }
+                Err(e) => Outcome::Done(Err(e.into())),
+            };
+        match outcome {
+            Outcome::Again if attempts < ATTEMPTS_MAX => {}
+            Outcome::Again => break Err(too_many_attempts()),
+            Outcome::Done(r) => break r,
+        }
+    };
+    if let Some(own) = own {
+        let _ = sys::ioprio_set(0, own);
+    }
+    let result = result.map_err(|source| DeviceError::Io {
+        device: shared.info.name.clone(),
+        op,
+        offset,
+        source,
+    });
+    Completion { result, buf }
 }
 
 /// Submits what is in `ring`'s SQ and waits for one CQE; its result.

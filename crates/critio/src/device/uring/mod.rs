@@ -24,8 +24,9 @@
 //!
 //!  flush_here (a flush its caller waits for): fdatasync in the caller
 //!  submit_here (a read or write its caller waits for, no longer promotable):
-//!    the caller's own small ring: push SQE{.., ioprio(class)}, io_uring_enter
-//!    waiting for its CQE (the kernel wakes the caller; no reaper in between)
+//!    read: the caller's own small ring: push SQE{.., ioprio(class)},
+//!    io_uring_enter waiting for its CQE (the kernel wakes the caller; no
+//!    reaper in between); write: pwrite under ioprio(class) (`here.rs`)
 //! ```
 //!
 //! | module    | what                                                       |
@@ -276,12 +277,13 @@ impl Device for UringDevice {
         true
     }
 
-    /// The read or write on a ring of the calling thread's own, with the
-    /// same per-request `ioprio` as through the shared ring, waited for in
-    /// the same `io_uring_enter` that submits it: the kernel wakes the
-    /// caller when it is done. Through the shared ring the completion wakes
-    /// the reaper, which wakes the caller: two wake-ups where this has one.
-    /// A thread that cannot set up a ring hands the command back.
+    /// The read on a ring of the calling thread's own, with the same
+    /// per-request `ioprio` as through the shared ring, waited for in the
+    /// same `io_uring_enter` that submits it: the kernel wakes the caller
+    /// when it is done. Through the shared ring the completion wakes the
+    /// reaper, which wakes the caller: two wake-ups where this has one. The
+    /// write with `pwrite` under the request's `ioprio` (`here.rs` says
+    /// why). A thread that cannot set up a ring hands a read back.
     fn submit_here(&self, cmd: Command) -> Result<Completion, Command> {
         if let Err(e) = validate(&self.shared.info, &cmd) {
             return Ok(Completion {
