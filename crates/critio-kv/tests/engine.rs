@@ -347,6 +347,90 @@ fn a_bgsave_larger_than_the_free_frames_leaves_a_store_that_fits_cached() {
     e.close().unwrap();
 }
 
+/// A dump is read back a chunk at a time (`Engine::dump_entries`, what
+/// `critio dump` exports), every entry as BGSAVE wrote it, strings and
+/// hashes with their expiry; one byte damaged in its body, the entries end
+/// in an error (the checksum, known once the last chunk is read).
+#[test]
+fn a_dump_reads_back_in_chunks_and_a_damaged_one_ends_in_an_error() {
+    use critio::context::Class;
+    use critio::device::{submit_and_wait, Command};
+    let dev = Arc::new(MemDevice::new(64 * MIB));
+    let mut rng = SmallRng::seed_from_u64(9);
+    let mut model: HashMap<Vec<u8>, (Value, u64)> = HashMap::new();
+    let (layout, body) = {
+        let stack = stack_on(dev.clone(), 16 * MIB, log_config());
+        let e = Engine::open(&stack, small_config()).unwrap();
+        // About 3 MiB of random bytes: a body of several 1 MiB reads.
+        for i in 0..3000 {
+            let v: Vec<u8> = (0..1024).map(|_| rng.gen()).collect();
+            let key = format!("k{i}").into_bytes();
+            let at = if i % 7 == 0 { 4_000_000_000_000 + i } else { 0 };
+            let opts = SetOptions {
+                expire_at_ms: (at != 0).then_some(at),
+                ..SetOptions::default()
+            };
+            e.set(&key, &v, opts).unwrap();
+            model.insert(key, (Value::Str(v), at));
+        }
+        let fields: Vec<(Vec<u8>, Vec<u8>)> = (0..300)
+            .map(|i| (format!("f{i}").into_bytes(), vec![i as u8; 10]))
+            .collect();
+        let pairs: Vec<(&[u8], &[u8])> = fields.iter().map(|(f, v)| (&f[..], &v[..])).collect();
+        e.hset(b"h", &pairs).unwrap();
+        model.insert(
+            b"h".to_vec(),
+            (Value::Hash(fields.into_iter().collect()), 0),
+        );
+        e.bgsave().unwrap();
+        while e.background_running() != (false, false) {
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+        assert!(e.background_stats().last_error.is_none());
+        let entries = e.dump_entries().unwrap();
+        assert_eq!(entries.keys(), 3001);
+        let (body, read) = entries.bytes();
+        assert!(body > 2 * MIB && read == 0, "{body} {read}");
+        let mut seen = 0;
+        for x in entries {
+            let x = x.unwrap();
+            let (value, at) = &model[&x.key];
+            assert_eq!((&x.value, x.expire_at_ms), (value, *at));
+            seen += 1;
+        }
+        assert_eq!(seen, model.len());
+        let layout = e.layout();
+        e.close().unwrap();
+        (layout, body)
+    };
+    // One byte in the middle of the body.
+    let at = (layout.dump.0 + layout.page + body / 2) / 4096 * 4096;
+    let dev_ref: &dyn Device = &*dev;
+    let c = submit_and_wait(dev_ref, Command::read(at, 4096, Class::Critical));
+    c.result.unwrap();
+    let mut page = c.buf.as_slice().to_vec();
+    page[100] ^= 0x5a;
+    let w = Command::write(
+        at,
+        critio::device::AlignedBuf::from_slice(&page),
+        Class::Critical,
+    );
+    submit_and_wait(dev_ref, w).result.unwrap();
+    let stack = stack_on(dev.clone(), 16 * MIB, log_config());
+    let e = Engine::open(&stack, small_config()).unwrap();
+    let items: Vec<Result<_, _>> = e.dump_entries().unwrap().collect();
+    let (last, before) = items.split_last().unwrap();
+    assert!(
+        before.iter().all(|x| x.is_ok()) && before.len() > 1000,
+        "{}",
+        before.len()
+    );
+    let err = last.as_ref().unwrap_err().to_string();
+    assert!(err.contains("dump file"), "{err}");
+    assert!(e.read_dump().is_err());
+    e.close().unwrap();
+}
+
 /// A BGSAVE that fails overwrites the last dump's body: it leaves no dump
 /// (an empty list) rather than the old header over a damaged body (a
 /// checksum error, before each dump erased the header first).

@@ -274,100 +274,275 @@ impl Engine {
     /// The entries of the last complete dump (BGSAVE), checked against its
     /// checksum; an empty list if there is none (none yet, or the last
     /// BGSAVE failed or was cut short: each starts by erasing the header of
-    /// the dump it overwrites).
+    /// the dump it overwrites). All of them in memory: see
+    /// [`Engine::dump_entries`] for a dump of any size.
     pub fn read_dump(&self) -> Result<Vec<Entry>, EngineError> {
-        let inner = &self.inner;
+        self.dump_entries()?.collect()
+    }
+
+    /// The entries of the last complete dump (BGSAVE), read from the device
+    /// a chunk at a time, so that a dump of any size is read in a few MiB of
+    /// memory (`critio dump` exports them). None if there is no dump.
+    ///
+    /// The checksum covers the whole body, so it is checked when the last
+    /// chunk has been read: a damaged dump yields entries and then an
+    /// error, as its last item. A caller that must not act on a damaged
+    /// dump keeps what it does with them provisional until the iterator
+    /// has ended without one.
+    ///
+    /// Not while a BGSAVE may run: it overwrites the dump in place. The
+    /// server never reads its dump; `critio dump` opens the store alone.
+    pub fn dump_entries(&self) -> Result<DumpEntries<'_>, EngineError> {
+        let inner = &*self.inner;
         let page = inner.layout.page as usize;
         let mut head = vec![0u8; page];
         inner.cache.read_through(inner.dump, 0, &mut head)?;
         let mut r = Reader(&head);
+        let none = DumpEntries {
+            inner,
+            keys: 0,
+            seen: 0,
+            body: 0,
+            read: 0,
+            crc_want: 0,
+            crc: 0,
+            decoder: BodyDecoder::new(DUMP_VERSION),
+            over: false,
+        };
         if r.take(4) != Some(&DUMP_MAGIC[..]) {
-            return Ok(Vec::new());
+            return Ok(none);
         }
         let bad = |why: &str| EngineError::Corrupt(format!("dump file: {why}"));
         let version = r.u32();
-        if !matches!(version, Some(1 | DUMP_VERSION)) {
-            return Err(bad("unknown version"));
-        }
-        let (keys, body, crc) = match (r.u64(), r.u64(), r.u32()) {
+        let version = match version {
+            Some(v @ (1 | DUMP_VERSION)) => v,
+            _ => return Err(bad("unknown version")),
+        };
+        let (keys, body, crc_want) = match (r.u64(), r.u64(), r.u32()) {
             (Some(k), Some(b), Some(c)) => (k, b, c),
             _ => return Err(bad("short header")),
         };
         if body > inner.layout.dump.1 - page as u64 {
             return Err(bad("body larger than the file"));
         }
-        // Straight into the returned buffer: read_through would copy the
-        // whole body once more.
-        let bytes = inner
-            .cache
-            .start_read_through(inner.dump, page as u64, body as usize)?
-            .finish()?;
-        if crc32c::crc32c(&bytes) != crc {
-            return Err(bad("checksum"));
-        }
-        dump_entries(version.unwrap_or(0), keys, bytes)
+        Ok(DumpEntries {
+            keys,
+            body,
+            crc_want,
+            decoder: BodyDecoder::new(version),
+            ..none
+        })
     }
 }
 
-/// The `keys` entries of a dump body of `version` (checksum checked).
-fn dump_entries(version: u32, keys: u64, body: Vec<u8>) -> Result<Vec<Entry>, EngineError> {
-    let bad = |why: &str| EngineError::Corrupt(format!("dump file: {why}"));
-    let bytes = match version {
-        1 => body,
-        _ => {
-            let raw = decompress_frames(&body);
-            drop(body); // not kept while the entries are parsed
-            raw.ok_or_else(|| bad("compressed frame"))?
-        }
-    };
-    let mut r = Reader(&bytes);
-    let mut out = Vec::with_capacity(keys.min(1 << 20) as usize);
-    for _ in 0..keys {
-        let entry = (|| {
-            let key = r.bytes()?.to_vec();
-            let kind = r.u8()?;
-            let expire_at_ms = r.u64()?;
-            let value = Value::decode(kind, r.bytes()?)?;
-            Some(Entry {
-                key,
-                expire_at_ms,
-                value,
-            })
-        })();
-        out.push(entry.ok_or_else(|| bad("entry layout"))?);
+/// Body bytes [`DumpEntries`] reads from the device at a time.
+const READ_CHUNK: usize = if cfg!(test) { 16 << 10 } else { 1 << 20 };
+
+/// The entries of a dump, read a chunk at a time ([`Engine::dump_entries`]).
+pub struct DumpEntries<'a> {
+    inner: &'a Inner,
+    /// Entries, as the header says.
+    keys: u64,
+    /// Entries yielded.
+    seen: u64,
+    /// The body's stored bytes, and how many are read.
+    body: u64,
+    read: u64,
+    crc_want: u32,
+    /// Of the bytes read so far.
+    crc: u32,
+    decoder: BodyDecoder,
+    /// Ended, at the body's end or at an error.
+    over: bool,
+}
+
+impl DumpEntries<'_> {
+    /// How many entries the dump holds, as its header says (0: no dump).
+    pub fn keys(&self) -> u64 {
+        self.keys
     }
-    Ok(out)
+
+    /// The body's stored (compressed) bytes, and how many are read so far.
+    pub fn bytes(&self) -> (u64, u64) {
+        (self.body, self.read)
+    }
+
+    /// Reads the next chunk of the body into the decoder.
+    fn fill(&mut self) -> Result<(), EngineError> {
+        let n = (self.body - self.read).min(READ_CHUNK as u64) as usize;
+        let inner = self.inner;
+        let chunk = inner
+            .cache
+            .start_read_through(inner.dump, inner.layout.page + self.read, n)?
+            .finish()?;
+        self.crc = crc32c::crc32c_append(self.crc, &chunk);
+        self.read += n as u64;
+        self.decoder.push(&chunk);
+        Ok(())
+    }
+
+    /// The checks once the whole body is read: nothing left undecoded,
+    /// the checksum, the count.
+    fn end(&self) -> Result<(), EngineError> {
+        let bad = |why: String| EngineError::Corrupt(format!("dump file: {why}"));
+        if !self.decoder.is_drained() {
+            return Err(bad("the body ends inside an entry".into()));
+        }
+        if self.crc != self.crc_want {
+            return Err(bad("checksum".into()));
+        }
+        if self.seen != self.keys {
+            return Err(bad(format!(
+                "{} entries where its header says {}",
+                self.seen, self.keys
+            )));
+        }
+        Ok(())
+    }
+}
+
+impl Iterator for DumpEntries<'_> {
+    type Item = Result<Entry, EngineError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.over {
+            return None;
+        }
+        let result = loop {
+            match self.decoder.next() {
+                Err(why) => break Err(EngineError::Corrupt(format!("dump file: {why}"))),
+                Ok(Some(entry)) => {
+                    self.seen += 1;
+                    return Some(Ok(entry));
+                }
+                Ok(None) if self.read < self.body => {
+                    if let Err(e) = self.fill() {
+                        break Err(e);
+                    }
+                }
+                Ok(None) => match self.end() {
+                    Ok(()) => {
+                        self.over = true;
+                        return None;
+                    }
+                    Err(e) => break Err(e),
+                },
+            }
+        };
+        self.over = true;
+        Some(result)
+    }
+}
+
+/// Decodes a dump body of either version from pieces of any size, so that
+/// it is never whole in memory: at most one compressed frame and its
+/// entries (version 2), or one entry (version 1), beyond the piece.
+struct BodyDecoder {
+    version: u32,
+    /// Body bytes pushed and not yet decoded, from `pending_at`.
+    pending: Vec<u8>,
+    pending_at: usize,
+    /// Version 2: the current frame's entries, decoded up to `raw_at`.
+    raw: Vec<u8>,
+    raw_at: usize,
+}
+
+impl BodyDecoder {
+    fn new(version: u32) -> Self {
+        Self {
+            version,
+            pending: Vec::new(),
+            pending_at: 0,
+            raw: Vec::new(),
+            raw_at: 0,
+        }
+    }
+
+    /// The next piece of the body.
+    fn push(&mut self, bytes: &[u8]) {
+        self.pending.drain(..self.pending_at);
+        self.pending_at = 0;
+        self.pending.extend_from_slice(bytes);
+    }
+
+    /// Whether everything pushed is decoded (at the body's end: it did not
+    /// stop inside a frame or an entry).
+    fn is_drained(&self) -> bool {
+        self.pending_at == self.pending.len() && self.raw_at == self.raw.len()
+    }
+
+    /// The next entry; None until more of the body is pushed; an error
+    /// for a damaged body.
+    fn next(&mut self) -> Result<Option<Entry>, &'static str> {
+        if self.version == 1 {
+            let Some((entry, n)) = parse_entry(&self.pending[self.pending_at..])? else {
+                return Ok(None);
+            };
+            self.pending_at += n;
+            return Ok(Some(entry));
+        }
+        loop {
+            if self.raw_at < self.raw.len() {
+                // A frame holds whole entries.
+                let (entry, n) = parse_entry(&self.raw[self.raw_at..])?.ok_or("entry layout")?;
+                self.raw_at += n;
+                return Ok(Some(entry));
+            }
+            let rest = &self.pending[self.pending_at..];
+            let mut r = Reader(rest);
+            let (Some(raw), Some(stored)) = (r.u32(), r.u32()) else {
+                return Ok(None);
+            };
+            let (raw, stored) = (raw as usize, stored as usize);
+            if raw > stored.saturating_mul(LZ4_RATIO_MAX).saturating_add(16) {
+                return Err("compressed frame");
+            }
+            let Some(frame) = rest.get(FRAME_HEADER..FRAME_HEADER + stored) else {
+                return Ok(None);
+            };
+            self.raw.clear();
+            self.raw_at = 0;
+            self.raw.try_reserve(raw).map_err(|_| "compressed frame")?;
+            self.raw.resize(raw, 0);
+            match lz4_flex::block::decompress_into(frame, &mut self.raw) {
+                Ok(n) if n == raw => {}
+                _ => {
+                    self.raw.clear();
+                    return Err("compressed frame");
+                }
+            }
+            self.pending_at += FRAME_HEADER + stored;
+        }
+    }
+}
+
+/// The entry at the start of `bytes` and its length; None if `bytes` ends
+/// inside it; an error if it is whole but its value does not decode.
+fn parse_entry(bytes: &[u8]) -> Result<Option<(Entry, usize)>, &'static str> {
+    let mut r = Reader(bytes);
+    let fields = (|| {
+        let key = r.bytes()?;
+        let kind = r.u8()?;
+        let expire_at_ms = r.u64()?;
+        let value = r.bytes()?;
+        Some((key, kind, expire_at_ms, value))
+    })();
+    let Some((key, kind, expire_at_ms, value)) = fields else {
+        return Ok(None);
+    };
+    let value = Value::decode(kind, value).ok_or("entry layout")?;
+    let entry = Entry {
+        key: key.to_vec(),
+        expire_at_ms,
+        value,
+    };
+    Ok(Some((entry, bytes.len() - r.0.len())))
 }
 
 /// LZ4's block format cannot expand a byte more than about 255 times: a
 /// frame claiming more is damaged (checked before anything is allocated
 /// for it).
 const LZ4_RATIO_MAX: usize = 255;
-
-/// The entries of a version 2 body: every frame decompressed, in order
-/// (None: a frame is cut short, claims more than its stored bytes can
-/// hold, or does not decompress to its length).
-fn decompress_frames(mut body: &[u8]) -> Option<Vec<u8>> {
-    let mut out = Vec::new();
-    while !body.is_empty() {
-        let mut r = Reader(body);
-        let (raw, stored) = (r.u32()? as usize, r.u32()? as usize);
-        let end = FRAME_HEADER.checked_add(stored)?;
-        let frame = body.get(FRAME_HEADER..end)?;
-        if raw > stored.saturating_mul(LZ4_RATIO_MAX).saturating_add(16) {
-            return None;
-        }
-        let start = out.len();
-        out.try_reserve(raw).ok()?;
-        out.resize(start + raw, 0);
-        let n = lz4_flex::block::decompress_into(frame, &mut out[start..]).ok()?;
-        if n != raw {
-            return None;
-        }
-        body = &body[end..];
-    }
-    Some(out)
-}
 
 #[cfg(test)]
 mod tests {
@@ -381,28 +556,6 @@ mod tests {
         f
     }
 
-    #[test]
-    fn frames_decompress_in_order_and_damage_is_refused() {
-        let (a, b) = (vec![7u8; 5000], b"entries of the second frame".to_vec());
-        let mut body = frame(&a);
-        body.extend_from_slice(&frame(&b));
-        assert!(body.len() < 200, "equal bytes compress: {}", body.len());
-        let mut want = a.clone();
-        want.extend_from_slice(&b);
-        assert_eq!(decompress_frames(&body), Some(want));
-        assert_eq!(decompress_frames(&[]), Some(vec![]));
-        // Cut short, or a raw length the frame does not decompress to.
-        assert_eq!(decompress_frames(&body[..body.len() - 1]), None);
-        let mut lying = frame(&a);
-        lying[..4].copy_from_slice(&4000u32.to_le_bytes());
-        assert_eq!(decompress_frames(&lying), None);
-        // A header claiming 4 GiB from nothing is refused before anything
-        // is allocated for it.
-        let mut huge = u32::MAX.to_le_bytes().to_vec();
-        huge.extend_from_slice(&0u32.to_le_bytes());
-        assert_eq!(decompress_frames(&huge), None);
-    }
-
     fn entry_bytes(key: &[u8], value: &[u8]) -> Vec<u8> {
         let mut e = (key.len() as u32).to_le_bytes().to_vec();
         e.extend_from_slice(key);
@@ -413,19 +566,79 @@ mod tests {
         e
     }
 
+    /// Decodes `body` of `version` pushed in pieces of `piece` bytes: the
+    /// entries, or the first error (a body that ends inside a frame or an
+    /// entry is one).
+    fn decode(version: u32, body: &[u8], piece: usize) -> Result<Vec<Entry>, &'static str> {
+        let mut d = BodyDecoder::new(version);
+        let mut out = Vec::new();
+        for part in body.chunks(piece.max(1)) {
+            d.push(part);
+            while let Some(e) = d.next()? {
+                out.push(e);
+            }
+        }
+        if !d.is_drained() {
+            return Err("cut short");
+        }
+        Ok(out)
+    }
+
     #[test]
-    fn both_dump_versions_load_and_a_short_body_is_refused() {
+    fn both_dump_versions_decode_in_pieces_of_any_size() {
         let mut raw = entry_bytes(b"a", b"1");
         raw.extend_from_slice(&entry_bytes(b"b", &[2; 3000]));
-        let v1 = dump_entries(1, 2, raw.clone()).unwrap();
-        let v2 = dump_entries(2, 2, frame(&raw)).unwrap();
-        assert_eq!(v1, v2);
-        assert_eq!(v1[1].key, b"b");
-        assert_eq!(v1[1].value, Value::Str(vec![2; 3000]));
-        assert!(
-            dump_entries(1, 3, raw.clone()).is_err(),
-            "a third entry is missing"
+        let mut raw2 = entry_bytes(b"c", b"entries of the second frame");
+        raw2.extend_from_slice(&entry_bytes(b"", b""));
+        let mut v1 = raw.clone();
+        v1.extend_from_slice(&raw2);
+        let mut v2 = frame(&raw);
+        v2.extend_from_slice(&frame(&raw2));
+        assert!(v2.len() < 300, "equal bytes compress: {}", v2.len());
+        let want = decode(1, &v1, v1.len()).unwrap();
+        assert_eq!(want.len(), 4);
+        assert_eq!(want[1].key, b"b");
+        assert_eq!(want[1].value, Value::Str(vec![2; 3000]));
+        for piece in [1, 3, 7, 8, 9, 64, 1000, 4096, 1 << 20] {
+            assert_eq!(
+                decode(1, &v1, piece).unwrap(),
+                want,
+                "v1 in pieces of {piece}"
+            );
+            assert_eq!(
+                decode(2, &v2, piece).unwrap(),
+                want,
+                "v2 in pieces of {piece}"
+            );
+        }
+        assert_eq!(decode(2, &[], 1).unwrap(), vec![]);
+    }
+
+    #[test]
+    fn a_damaged_body_is_refused() {
+        let mut raw = entry_bytes(b"a", b"1");
+        raw.extend_from_slice(&entry_bytes(b"b", &[2; 3000]));
+        // Cut short: inside an entry (v1) or a frame (v2).
+        assert!(decode(1, &raw[..raw.len() - 1], 100).is_err());
+        let f = frame(&raw);
+        assert!(decode(2, &f[..f.len() - 1], 100).is_err());
+        // A raw length the frame does not decompress to.
+        let mut lying = f.clone();
+        lying[..4].copy_from_slice(&4000u32.to_le_bytes());
+        assert_eq!(decode(2, &lying, 100), Err("compressed frame"));
+        // A header claiming 4 GiB from nothing is refused before anything
+        // is allocated for it.
+        let mut huge = u32::MAX.to_le_bytes().to_vec();
+        huge.extend_from_slice(&0u32.to_le_bytes());
+        assert_eq!(decode(2, &huge, 100), Err("compressed frame"));
+        // A frame whose entries do not fill it whole.
+        assert_eq!(
+            decode(2, &frame(&raw[..raw.len() - 1]), 100),
+            Err("entry layout")
         );
-        assert!(dump_entries(2, 2, frame(&raw[..raw.len() - 1])).is_err());
+        // A hash that does not decode.
+        let mut e = entry_bytes(b"h", &[9; 3]);
+        e[4 + 1] = crate::engine::entry::KIND_HASH;
+        assert_eq!(decode(1, &e, 100), Err("entry layout"));
     }
 }

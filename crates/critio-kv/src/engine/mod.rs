@@ -73,6 +73,7 @@ use serde::{Deserialize, Serialize};
 pub use checkpoint::{BackgroundStats, CheckpointReport, Progress};
 pub use entry::{Entry, Value};
 pub use group::Deferred;
+pub use jobs::DumpEntries;
 pub use layout::Layout;
 pub use ops::{FieldValues, Prefetch, SetOptions};
 pub use txn::{ExpireIf, Kind, SetOutcome, Txn};
