@@ -27,6 +27,7 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 mod bench;
 mod demo;
+mod dump;
 mod kvbench;
 mod plot;
 mod results;
@@ -94,6 +95,9 @@ enum Command {
     },
     /// Serve the Redis-protocol key-value store (stop with SIGINT or SIGTERM).
     Serve(serve::ServeArgs),
+    /// Write the last BGSAVE of a stopped server's store as Redis commands
+    /// (`critio dump --data DIR --device file | redis-cli --pipe`).
+    Dump(dump::DumpArgs),
     /// Run an unmodified program with request-centric I/O priority:
     /// foreground threads by rule, background writes paced.
     Run(run::RunArgs),
@@ -184,6 +188,7 @@ fn main() -> ExitCode {
                 )
             }),
         Command::Serve(args) => serve::run(args),
+        Command::Dump(args) => dump::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

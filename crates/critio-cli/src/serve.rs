@@ -381,6 +381,53 @@ fn device_name(kind: DeviceKind) -> String {
         .map_or("?".to_owned(), |v| v.get_name().to_owned())
 }
 
+/// Opens (recovering) the store a server left in `data` for another
+/// command (`critio dump`): never creates one. `cache_bytes` is the page
+/// cache unless `config` sets one; the scheme is `none` (no requests to
+/// protect).
+pub fn open_existing(
+    data: &Path,
+    device: DeviceKind,
+    config: Option<&Path>,
+    cache_bytes: u64,
+) -> Result<Stack, String> {
+    let base = defaults_for(device);
+    let mut file = load_config(config, &base)?;
+    if file.critio.cache.capacity_bytes == base.critio.cache.capacity_bytes {
+        file.critio.cache.capacity_bytes = cache_bytes;
+    }
+    check_memory(file.critio.cache.capacity_bytes, mem_total_bytes())?;
+    check_kind(data, device)?;
+    let image = data.join(image_name(device));
+    let capacity = match image_len(&image) {
+        Some(n) if n > 0 => n,
+        _ => {
+            return Err(format!(
+                "{} holds no critio-kv store for --device {} (no {}): pass the --data and \
+                 --device its server was started with",
+                data.display(),
+                device_name(device),
+                image.display()
+            ))
+        }
+    };
+    let cfg = StackConfig {
+        device: device_spec(device, image),
+        capacity,
+        scheme: Scheme::None,
+        critio: file.critio,
+        engine: file.engine,
+        ..StackConfig::default()
+    };
+    Stack::open(&cfg).map_err(|e| {
+        let text = e.to_string();
+        format!(
+            "cannot open the store: {}",
+            text.strip_prefix("ERR ").unwrap_or(&text)
+        )
+    })
+}
+
 /// Opens (recovering) the store in the data directory.
 ///
 /// A default page cache (`cache_default`: not from `--config`) larger than

@@ -1,0 +1,291 @@
+//! `critio dump`: the last BGSAVE of a store, as Redis commands.
+//!
+//! critio-kv's BGSAVE writes every key as of its start into the dump file
+//! inside the store's image, where the server itself never reads it back
+//! (a restart recovers from checkpoints and the log). This command makes
+//! it a backup a user can move: it opens the store (its server stopped:
+//! the image's lock refuses a second opener), reads the dump a chunk at a
+//! time ([`critio_kv::engine::Engine::dump_entries`], so a dump of any
+//! size needs a few MiB), and writes each key as the commands that
+//! recreate it, in the protocol `redis-cli --pipe` sends to a server:
+//!
+//! ```text
+//!  string:  SET key value [PXAT ms]
+//!  hash:    DEL key, HSET key field value ... (at most 256 fields a command) [, PEXPIREAT key ms]
+//! ```
+//!
+//! `critio dump --data DIR --device file | redis-cli -p 6390 --pipe` loads
+//! it into a critio-kv (or a Redis: both take these commands). Keys whose
+//! expiry has passed by the time of the export are left out.
+//!
+//! The dump's checksum covers its whole body, so it is known to be
+//! intact only once the last chunk is read: to a file, the commands go to
+//! `FILE.partial`, renamed to FILE (after an `fsync`) only then; to
+//! standard output, a damaged dump ends the output early and the command
+//! exits with an error, which a pipeline must check.
+
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use clap::Args;
+use critio_kv::engine::{Entry, Value};
+
+use crate::serve::{open_existing, DeviceKind};
+
+/// `critio dump`'s options.
+#[derive(Args, Debug)]
+pub struct DumpArgs {
+    /// The store's data directory, as given to `critio serve`.
+    #[arg(long, value_name = "DIR", default_value = "critio-data")]
+    data: PathBuf,
+    /// The store's device, as given to `critio serve`.
+    #[arg(long, value_enum, default_value = "sim")]
+    device: DeviceKind,
+    /// The config its server runs with (for its [engine] layout and
+    /// [cache]); the page cache is 64 MiB unless it sets one.
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Where to write the commands; `-` for standard output.
+    #[arg(long, value_name = "FILE", default_value = "-")]
+    out: PathBuf,
+}
+
+/// The page cache `critio dump` opens a store with: the dump is read past
+/// it, so it only serves the store's recovery.
+const CACHE_BYTES: u64 = 64 << 20;
+/// Fields of a hash per HSET.
+const HSET_FIELDS: usize = 256;
+
+/// Runs `critio dump`.
+pub fn run(args: DumpArgs) -> Result<(), String> {
+    let started = Instant::now();
+    let stack = open_existing(&args.data, args.device, args.config.as_deref(), CACHE_BYTES)?;
+    let result = export(&stack.engine, &args.out, started);
+    // Nothing was written to the store; the close's checkpoint only
+    // records what its recovery replayed.
+    let closed = stack
+        .engine
+        .close()
+        .map_err(|e| format!("cannot close the store: {e}"));
+    let summary = result?;
+    closed?;
+    eprintln!("{summary}");
+    Ok(())
+}
+
+/// Writes the dump's entries to `out` (`-`: standard output); what it did.
+fn export(
+    engine: &critio_kv::engine::Engine,
+    out: &Path,
+    started: Instant,
+) -> Result<String, String> {
+    let entries = engine
+        .dump_entries()
+        .map_err(|e| format!("cannot read the dump: {e}"))?;
+    if entries.keys() == 0 && entries.bytes().0 == 0 {
+        return Err(
+            "the store holds no dump: run BGSAVE on its server (redis-cli -p PORT BGSAVE), \
+                    wait until INFO persistence says rdb_bgsave_in_progress:0, stop the server, \
+                    then run critio dump"
+                .to_owned(),
+        );
+    }
+    let to_stdout = out == Path::new("-");
+    let partial = partial_path(out);
+    let sink: Box<dyn Write> = if to_stdout {
+        Box::new(std::io::stdout().lock())
+    } else {
+        let f = std::fs::File::create(&partial)
+            .map_err(|e| format!("cannot create {}: {e}", partial.display()))?;
+        Box::new(f)
+    };
+    let mut w = Written::new(BufWriter::with_capacity(1 << 20, sink));
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    let total = entries.keys();
+    let mut expired = 0u64;
+    let mut written = 0u64;
+    let mut last_note = Instant::now();
+    let outcome = (|| -> Result<(), String> {
+        for entry in entries {
+            let entry = entry.map_err(|e| format!("the dump is damaged: {e}"))?;
+            if entry.expire_at_ms != 0 && entry.expire_at_ms <= now {
+                expired += 1;
+                continue;
+            }
+            commands(&mut w, &entry).map_err(|e| format!("cannot write {}: {e}", out.display()))?;
+            written += 1;
+            if last_note.elapsed() >= Duration::from_secs(2) {
+                last_note = Instant::now();
+                eprintln!(
+                    "critio dump: {} of {total} keys ({:.0}%)",
+                    written + expired,
+                    (written + expired) as f64 * 100.0 / total.max(1) as f64
+                );
+            }
+        }
+        w.flush()
+            .map_err(|e| format!("cannot write {}: {e}", out.display()))
+    })();
+    let bytes = w.bytes;
+    let sink = w.inner.into_inner().map_err(|e| e.into_error().to_string());
+    if let Err(e) = outcome {
+        if !to_stdout {
+            let _ = std::fs::remove_file(&partial);
+        }
+        return Err(e);
+    }
+    if !to_stdout {
+        drop(sink);
+        let f = std::fs::File::options()
+            .write(true)
+            .open(&partial)
+            .and_then(|f| f.sync_all());
+        let done = f.and_then(|()| std::fs::rename(&partial, out));
+        if let Err(e) = done {
+            let _ = std::fs::remove_file(&partial);
+            return Err(format!("cannot write {}: {e}", out.display()));
+        }
+    }
+    let expired_note = match expired {
+        0 => String::new(),
+        n => format!(", {n} expired since the BGSAVE left out"),
+    };
+    Ok(format!(
+        "critio dump: {written} keys, {bytes} bytes of commands, to {} in {:.1} s{expired_note}",
+        if to_stdout {
+            "standard output".to_owned()
+        } else {
+            out.display().to_string()
+        },
+        started.elapsed().as_secs_f64()
+    ))
+}
+
+/// Where a file export is written until the dump has been read whole.
+fn partial_path(out: &Path) -> PathBuf {
+    let mut name = out.file_name().unwrap_or_default().to_os_string();
+    name.push(".partial");
+    out.with_file_name(name)
+}
+
+/// A writer that counts its bytes.
+struct Written<W: Write> {
+    inner: W,
+    bytes: u64,
+}
+
+impl<W: Write> Written<W> {
+    fn new(inner: W) -> Self {
+        Self { inner, bytes: 0 }
+    }
+}
+
+impl<W: Write> Write for Written<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        self.bytes += n as u64;
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+/// The commands that recreate `entry`.
+fn commands(w: &mut impl Write, entry: &Entry) -> std::io::Result<()> {
+    let key = &entry.key[..];
+    let at = entry.expire_at_ms.to_string();
+    match &entry.value {
+        Value::Str(v) if entry.expire_at_ms == 0 => resp(w, &[b"SET", key, v]),
+        Value::Str(v) => resp(w, &[b"SET", key, v, b"PXAT", at.as_bytes()]),
+        Value::Hash(h) => {
+            resp(w, &[b"DEL", key])?;
+            let fields: Vec<(&Vec<u8>, &Vec<u8>)> = h.iter().collect();
+            for part in fields.chunks(HSET_FIELDS) {
+                let mut args: Vec<&[u8]> = Vec::with_capacity(2 + 2 * part.len());
+                args.push(b"HSET");
+                args.push(key);
+                for (f, v) in part {
+                    args.push(f);
+                    args.push(v);
+                }
+                resp(w, &args)?;
+            }
+            if entry.expire_at_ms != 0 {
+                resp(w, &[b"PEXPIREAT", key, at.as_bytes()])?;
+            }
+            Ok(())
+        }
+    }
+}
+
+/// One command as a RESP array of bulk strings.
+fn resp(w: &mut impl Write, args: &[&[u8]]) -> std::io::Result<()> {
+    write!(w, "*{}\r\n", args.len())?;
+    for a in args {
+        write!(w, "${}\r\n", a.len())?;
+        w.write_all(a)?;
+        w.write_all(b"\r\n")?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+
+    fn text(entry: &Entry) -> String {
+        let mut out = Vec::new();
+        commands(&mut out, entry).unwrap();
+        String::from_utf8(out).unwrap()
+    }
+
+    #[test]
+    fn each_kind_of_entry_becomes_the_commands_that_recreate_it() {
+        let s = |v: &[u8], at| Entry {
+            key: b"k".to_vec(),
+            expire_at_ms: at,
+            value: Value::Str(v.to_vec()),
+        };
+        assert_eq!(
+            text(&s(b"v\r\n", 0)),
+            "*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$3\r\nv\r\n\r\n"
+        );
+        assert_eq!(
+            text(&s(b"", 1700000000123)),
+            "*5\r\n$3\r\nSET\r\n$1\r\nk\r\n$0\r\n\r\n$4\r\nPXAT\r\n$13\r\n1700000000123\r\n"
+        );
+        let mut h = BTreeMap::new();
+        for i in 0..HSET_FIELDS + 1 {
+            h.insert(format!("f{i}").into_bytes(), b"x".to_vec());
+        }
+        let hash = Entry {
+            key: b"h".to_vec(),
+            expire_at_ms: 5,
+            value: Value::Hash(h),
+        };
+        let t = text(&hash);
+        assert!(t.starts_with("*2\r\n$3\r\nDEL\r\n$1\r\nh\r\n"), "{t}");
+        assert_eq!(t.matches("HSET").count(), 2, "256 fields a command");
+        assert!(t.contains(&format!("*{}\r\n$4\r\nHSET", 2 + 2 * HSET_FIELDS)));
+        assert!(
+            t.contains("*4\r\n$4\r\nHSET\r\n$1\r\nh\r\n"),
+            "the last field alone"
+        );
+        assert!(t.ends_with("*3\r\n$9\r\nPEXPIREAT\r\n$1\r\nh\r\n$1\r\n5\r\n"));
+    }
+
+    #[test]
+    fn a_file_export_is_written_beside_its_name_first() {
+        assert_eq!(
+            partial_path(Path::new("/b/dump.resp")),
+            Path::new("/b/dump.resp.partial")
+        );
+    }
+}
