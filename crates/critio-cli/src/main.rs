@@ -93,7 +93,8 @@ enum Command {
         #[arg(long)]
         list: bool,
     },
-    /// Serve the Redis-protocol key-value store (stop with SIGINT or SIGTERM).
+    /// Serve the Redis-protocol key-value store (stop with SIGINT, SIGTERM
+    /// or a client's SHUTDOWN).
     Serve(serve::ServeArgs),
     /// Write the last BGSAVE of a stopped server's store as Redis commands
     /// (`critio dump --data DIR --device file | redis-cli --pipe`).

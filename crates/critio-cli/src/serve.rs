@@ -5,7 +5,7 @@
 //!             └─> DIR/critio.img     (--device file: io_uring + O_DIRECT; pool: pread/pwrite)
 //!  open: the image's own size if it exists (recovery), else --capacity
 //!  run:  Stack::open (recover) ─> Server::start (and --metrics ADDR:
-//!        http://ADDR/metrics) ─> wait for SIGINT / SIGTERM
+//!        http://ADDR/metrics) ─> wait for SIGINT / SIGTERM / a SHUTDOWN
 //!  stop: no more accepts ─> commands in flight finish ─> engine.close()
 //!        (a final checkpoint) ─> exit 0
 //! ```
@@ -542,7 +542,7 @@ fn idling_note(disk: &critio::sys::Disk) -> Option<String> {
     })
 }
 
-/// Runs the server until SIGINT or SIGTERM.
+/// Runs the server until SIGINT, SIGTERM or a client's SHUTDOWN.
 pub fn run(args: ServeArgs) -> Result<(), String> {
     let mut signals = Signals::new([SIGINT, SIGTERM])
         .map_err(|e| format!("cannot handle SIGINT/SIGTERM: {e}"))?;
@@ -570,8 +570,14 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
     let bound = Server::bind(file.server.clone()).map_err(|e| e.to_string())?;
     let cache_default = file.critio.cache.capacity_bytes == base.critio.cache.capacity_bytes;
     let (stack, stack_cfg, dir) = open_store(&args, file, cache_default)?;
+    // What ends the wait below: a signal, or a client's SHUTDOWN.
+    let (stop_tx, stop_rx) = std::sync::mpsc::channel::<&'static str>();
+    let by_client = stop_tx.clone();
     let backend = Backend {
         data_dir: Some(dir.clone()),
+        on_shutdown: Some(std::sync::Arc::new(move || {
+            let _ = by_client.send("SHUTDOWN from a client");
+        })),
         ..Backend::of(&stack, &stack_cfg)
     };
     let server = bound.start(backend).map_err(|e| e.to_string())?;
@@ -587,13 +593,18 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
         println!("critio-kv: Prometheus metrics at http://{addr}/metrics");
     }
     let _ = std::io::stdout().flush();
-    let signal = signals.forever().next().unwrap_or(SIGTERM);
-    let name = if signal == SIGINT {
-        "SIGINT"
-    } else {
-        "SIGTERM"
-    };
-    println!("critio-kv: {name} received: finishing commands in flight");
+    std::thread::spawn(move || {
+        for signal in signals.forever() {
+            let name = if signal == SIGINT {
+                "SIGINT received"
+            } else {
+                "SIGTERM received"
+            };
+            let _ = stop_tx.send(name);
+        }
+    });
+    let why = stop_rx.recv().unwrap_or("SIGTERM received");
+    println!("critio-kv: {why}: finishing commands in flight");
     let stuck = server.shutdown();
     if stuck > 0 {
         eprintln!("critio-kv: {stuck} connections were still running a command");

@@ -3,7 +3,8 @@
 //! nothing behind, as does one too small for a store or a port already
 //! taken; a data directory holding another device's store is refused
 //! rather than given a second, empty one; a second server on a data
-//! directory in use is refused while the first goes on serving. The pool
+//! directory in use is refused while the first goes on serving; a
+//! client's SHUTDOWN stops it as SIGTERM does, its data kept. The pool
 //! backend (pread/pwrite through the page cache), so that any temporary
 //! directory will do.
 
@@ -206,4 +207,36 @@ fn a_default_cache_is_no_larger_than_the_device() {
         .any(|l| l.contains("page cache 256 MiB instead: the device holds no more"));
     assert_eq!(cut, mib > 256, "{:?}", server.startup);
     serves(server.addr);
+}
+
+/// A client's SHUTDOWN stops the server as SIGTERM does: it exits 0 after
+/// a final checkpoint, and a restart has every key.
+#[test]
+fn a_clients_shutdown_stops_the_server_and_keeps_its_data() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut p = start(dir.path());
+    let mut con = connect(p.addr);
+    for i in 0..100 {
+        let _: () = redis::cmd("SET")
+            .arg(format!("k{i}"))
+            .arg(i)
+            .query(&mut con)
+            .unwrap();
+    }
+    let r: redis::RedisResult<()> = redis::cmd("SHUTDOWN").query(&mut con);
+    assert!(r.is_err(), "no reply: the connection closes");
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        if let Some(status) = p.child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(std::time::Instant::now() < deadline, "still running");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(status.success(), "{status:?}");
+    drop(p);
+    let p = start(dir.path());
+    let mut con = connect(p.addr);
+    let n: u64 = redis::cmd("DBSIZE").query(&mut con).unwrap();
+    assert_eq!(n, 100);
 }

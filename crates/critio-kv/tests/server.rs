@@ -364,6 +364,51 @@ fn info_and_config_get() {
     assert!(ok::<Vec<String>>(&mut c, &["CONFIG", "GET", "no-such"]).is_empty());
 }
 
+/// SHUTDOWN asks the program running the server to stop it and closes the
+/// connection with no reply, as Redis does (clients read that as
+/// success); its options are Redis's; an embedded server with no one to
+/// ask refuses it with a reason; it is not allowed in MULTI.
+#[test]
+fn shutdown_asks_the_program_to_stop_and_closes_with_no_reply() {
+    let (server, _stack) = start(server_config());
+    let mut c = client(server.local_addr());
+    let e = fails(&mut c, &["SHUTDOWN"]);
+    assert!(e.contains("not available"), "{e}");
+    assert!(fails(&mut c, &["SHUTDOWN", "LATER"]).contains("syntax"));
+    assert!(fails(&mut c, &["SHUTDOWN", "ABORT"]).contains("No shutdown in progress"));
+    let mut s = raw(server.local_addr());
+    let r = exchange(&mut s, b"*1\r\n$5\r\nMULTI\r\n*1\r\n$8\r\nSHUTDOWN\r\n", 2);
+    assert!(r.contains("not allowed inside a transaction"), "{r}");
+    drop(server);
+
+    let sc = stack_config();
+    let stack = Stack::open(&sc).unwrap();
+    let asked = Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let counted = asked.clone();
+    let backend = Backend {
+        on_shutdown: Some(Arc::new(move || {
+            counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        })),
+        ..Backend::of(&stack, &sc)
+    };
+    let server = Server::start(server_config(), backend).unwrap();
+    let mut other = client(server.local_addr());
+    let mut s = raw(server.local_addr());
+    s.write_all(b"*2\r\n$8\r\nSHUTDOWN\r\n$6\r\nNOSAVE\r\n")
+        .unwrap();
+    let mut got = Vec::new();
+    let _ = s.read_to_end(&mut got);
+    assert!(
+        got.is_empty(),
+        "a reply: {:?}",
+        String::from_utf8_lossy(&got)
+    );
+    assert_eq!(asked.load(std::sync::atomic::Ordering::SeqCst), 1);
+    // The program decides when to stop; the others are served meanwhile.
+    assert_eq!(get(&mut other, "k"), None);
+    server.shutdown();
+}
+
 #[test]
 fn save_bgsave_bgrewriteaof_and_their_status() {
     let (server, _stack) = start(server_config());
@@ -972,6 +1017,7 @@ fn device_failure_fails_writes_and_never_acknowledges_them() {
         engine_config: sc.engine,
         data_dir: None,
         write_cache: None,
+        on_shutdown: None,
     };
     let server = Server::start(server_config(), backend).unwrap();
     let mut c = client(server.local_addr());

@@ -1,6 +1,6 @@
 //! Server commands: PING, ECHO, TIME, SELECT, HELLO, AUTH, RESET, QUIT,
-//! INFO, CONFIG, COMMAND, SAVE, BGSAVE, BGREWRITEAOF (CLIENT is in
-//! `clients`).
+//! INFO, CONFIG, COMMAND, SAVE, BGSAVE, BGREWRITEAOF, SHUTDOWN (CLIENT is
+//! in `clients`).
 //!
 //! `HELLO [2|3] [AUTH user pass] [SETNAME name]` switches the connection's
 //! protocol (RESP3's maps, nulls and verbatim text from the next reply
@@ -200,6 +200,38 @@ pub(crate) fn valid_name(name: &[u8]) -> Result<(), Reply> {
 
 pub(crate) fn quit(ctx: &mut Ctx<'_>, _: &[&[u8]]) -> Reply {
     ctx.session.quit = true;
+    Reply::OK
+}
+
+/// SHUTDOWN [NOSAVE|SAVE] [NOW] [FORCE]: Redis's, on a server whose every
+/// acknowledged write is already durable, so the options change nothing:
+/// the server stops as on SIGTERM (the commands in flight finish, then a
+/// final checkpoint). It asks the program that runs the server
+/// ([`super::Backend::on_shutdown`]; refused where there is none, an
+/// embedding program's server) and closes this connection with no reply,
+/// as Redis does, which clients read as success (redis-py's `shutdown()`
+/// raises if it gets a reply).
+pub(crate) fn shutdown(ctx: &mut Ctx<'_>, a: &[&[u8]]) -> Reply {
+    for word in &a[1..] {
+        if word.eq_ignore_ascii_case(b"ABORT") {
+            return Reply::err("No shutdown in progress.");
+        }
+        let known = ["NOSAVE", "SAVE", "NOW", "FORCE"];
+        if !known
+            .iter()
+            .any(|k| word.eq_ignore_ascii_case(k.as_bytes()))
+        {
+            return syntax_error();
+        }
+    }
+    let Some(stop) = &ctx.shared.backend.on_shutdown else {
+        return Reply::err(
+            "SHUTDOWN is not available here: the program that embeds this server stops it",
+        );
+    };
+    stop();
+    ctx.session.quit = true;
+    let _ = ctx.session.client.stream.shutdown(std::net::Shutdown::Both);
     Reply::OK
 }
 

@@ -237,6 +237,7 @@ pub(crate) static COMMANDS: &[Spec] = &[
     spec!("save", 1, A, NONE, Server(admin::save)),
     spec!("bgsave", -1, A, NONE, Server(admin::bgsave)),
     spec!("bgrewriteaof", 1, A, NONE, Server(admin::bgrewriteaof)),
+    spec!("shutdown", -1, A, NONE, Server(admin::shutdown)),
 ];
 
 /// The command named `name` (any case).

@@ -132,6 +132,10 @@ pub struct Backend {
     /// The write cache in front of the device, if there is one (its
     /// figures are exported with the metrics).
     pub write_cache: Option<Arc<WriteCache>>,
+    /// What a client's SHUTDOWN does: asks the program running the server
+    /// to stop it (`critio serve` then stops as on SIGTERM). None: SHUTDOWN
+    /// is refused with a reason.
+    pub on_shutdown: Option<Arc<dyn Fn() + Send + Sync>>,
 }
 
 impl Backend {
@@ -146,6 +150,7 @@ impl Backend {
             engine_config: cfg.engine,
             data_dir: None,
             write_cache: stack.io.write_cache().cloned(),
+            on_shutdown: None,
         }
     }
 
