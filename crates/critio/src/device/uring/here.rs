@@ -186,25 +186,7 @@ fn write(shared: &Shared, cmd: Command) -> Completion {
         ..
     } = cmd;
     let len = buf.len();
-    let mut ioprio = shared.state.lock().ioprio(class);
-    // The thread's own priority, put back after the write; none to put
-    // back where it already has the request's.
-    let own = match ioprio {
-        0 => None,
-        _ => sys::ioprio_get(0).ok().filter(|&own| own != ioprio),
-    };
-    if own.is_some() {
-        if let Err(e) = sys::ioprio_set(0, ioprio) {
-            let refused = e.raw_os_error() == Some(libc::EPERM)
-                && IoPriority::decode(ioprio).is_some_and(IoPriority::is_realtime);
-            if refused {
-                ioprio = shared.state.lock().fall_back(class).encode();
-            }
-            // Refused again, or for another reason: the write goes at the
-            // thread's own priority rather than not at all.
-            let _ = sys::ioprio_set(0, ioprio);
-        }
-    }
+    let taken = TakenPriority::take(shared, class);
     let mut transferred = 0;
     let mut attempts = 0;
     let result = loop {
@@ -224,9 +206,7 @@ fn write(shared: &Shared, cmd: Command) -> Completion {
             Outcome::Done(r) => break r,
         }
     };
-    if let Some(own) = own {
-        let _ = sys::ioprio_set(0, own);
-    }
+    drop(taken);
     let result = result.map_err(|source| DeviceError::Io {
         device: shared.info.name.clone(),
         op,
@@ -234,6 +214,56 @@ fn write(shared: &Shared, cmd: Command) -> Completion {
         source,
     });
     Completion { result, buf }
+}
+
+/// The calling thread holding a request's I/O priority for a write
+/// ([`write`]); its own back when this drops, also if the write panics.
+/// Not where the thread's priority changed meanwhile (the context layer's
+/// kernel mirror sets it from another thread, on a class change): that
+/// newer setting stands.
+struct TakenPriority {
+    /// The thread's own, and the request's it took; None where it took
+    /// none (it had the request's already, or per-request priorities are
+    /// off).
+    swap: Option<(u16, u16)>,
+}
+
+impl TakenPriority {
+    fn take(shared: &Shared, class: crate::class::Class) -> Self {
+        let mut ioprio = shared.state.lock().ioprio(class);
+        let own = match ioprio {
+            0 => None,
+            _ => sys::ioprio_get(0).ok().filter(|&own| own != ioprio),
+        };
+        let Some(own) = own else {
+            return Self { swap: None };
+        };
+        if let Err(e) = sys::ioprio_set(0, ioprio) {
+            let refused = e.raw_os_error() == Some(libc::EPERM)
+                && IoPriority::decode(ioprio).is_some_and(IoPriority::is_realtime);
+            if refused {
+                ioprio = shared.state.lock().fall_back(class).encode();
+            }
+            // Refused again, or for another reason: the write goes at the
+            // thread's own priority rather than not at all.
+            if sys::ioprio_set(0, ioprio).is_err() {
+                return Self { swap: None };
+            }
+        }
+        Self {
+            swap: Some((own, ioprio)),
+        }
+    }
+}
+
+impl Drop for TakenPriority {
+    fn drop(&mut self) {
+        if let Some((own, taken)) = self.swap {
+            if sys::ioprio_get(0).ok() == Some(taken) {
+                let _ = sys::ioprio_set(0, own);
+            }
+        }
+    }
 }
 
 /// Submits what is in `ring`'s SQ and waits for one CQE; its result.
@@ -250,5 +280,48 @@ fn wait_one(ring: &mut IoUring) -> io::Result<i32> {
             }
             Err(e) => return Err(e),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::class::Class;
+    use crate::device::uring::{UringDevice, UringOptions};
+    use crate::sys::{set_thread_ioprio, thread_ioprio};
+
+    /// The priority a write in its caller's thread runs at: the request's,
+    /// taken for the write, the thread's own given back after it; unless
+    /// the thread's priority was changed meanwhile, which then stands.
+    #[test]
+    fn a_write_takes_its_requests_priority_and_gives_the_threads_back() {
+        let path = std::env::temp_dir().join(format!("critio-here-prio-{}", std::process::id()));
+        let options = UringOptions {
+            create_size: Some(1 << 20),
+            ..UringOptions::default()
+        };
+        let dev = match UringDevice::open(&path, options) {
+            Ok(dev) => dev,
+            Err(e) => {
+                eprintln!("skipped: {e}");
+                return;
+            }
+        };
+        std::thread::spawn(move || {
+            let own = IoPriority::BestEffort(5);
+            set_thread_ioprio(0, own).unwrap();
+            let background = dev.effective_priorities().non_critical;
+            let taken = TakenPriority::take(&dev.shared, Class::NonCritical);
+            assert_eq!(thread_ioprio(0).unwrap(), background, "for the write");
+            drop(taken);
+            assert_eq!(thread_ioprio(0).unwrap(), own, "given back");
+            let taken = TakenPriority::take(&dev.shared, Class::NonCritical);
+            set_thread_ioprio(0, IoPriority::BestEffort(3)).unwrap();
+            drop(taken);
+            assert_eq!(thread_ioprio(0).unwrap(), IoPriority::BestEffort(3));
+        })
+        .join()
+        .unwrap();
+        let _ = std::fs::remove_file(&path);
     }
 }
