@@ -387,7 +387,9 @@ fn a_dump_reads_back_in_chunks_and_a_damaged_one_ends_in_an_error() {
             std::thread::sleep(std::time::Duration::from_millis(2));
         }
         assert!(e.background_stats().last_error.is_none());
+        e.check_dump().unwrap();
         let entries = e.dump_entries().unwrap();
+        assert!(entries.exists());
         assert_eq!(entries.keys(), 3001);
         let (body, read) = entries.bytes();
         assert!(body > 2 * MIB && read == 0, "{body} {read}");
@@ -418,6 +420,8 @@ fn a_dump_reads_back_in_chunks_and_a_damaged_one_ends_in_an_error() {
     submit_and_wait(dev_ref, w).result.unwrap();
     let stack = stack_on(dev.clone(), 16 * MIB, log_config());
     let e = Engine::open(&stack, small_config()).unwrap();
+    let checked = e.check_dump().unwrap_err().to_string();
+    assert!(checked.contains("checksum"), "{checked}");
     let items: Vec<Result<_, _>> = e.dump_entries().unwrap().collect();
     let (last, before) = items.split_last().unwrap();
     assert!(
@@ -470,6 +474,7 @@ fn a_failed_bgsave_leaves_no_dump_rather_than_a_damaged_one() {
         "{s:?}"
     );
     assert_eq!(e.read_dump().unwrap().len(), 0, "no dump");
+    assert!(!e.dump_entries().unwrap().exists());
     e.close().unwrap();
 }
 

@@ -281,18 +281,24 @@ impl Engine {
     }
 
     /// The entries of the last complete dump (BGSAVE), read from the device
-    /// a chunk at a time, so that a dump of any size is read in a few MiB of
-    /// memory (`critio dump` exports them). None if there is no dump.
+    /// a chunk at a time (`critio dump` exports them): besides one chunk
+    /// (1 MiB), it holds one compressed frame and its entries, and the
+    /// entry it yields, whatever the dump's size. No entries if there is
+    /// no dump ([`DumpEntries::exists`] tells an empty one apart).
     ///
     /// The checksum covers the whole body, so it is checked when the last
     /// chunk has been read: a damaged dump yields entries and then an
     /// error, as its last item. A caller that must not act on a damaged
-    /// dump keeps what it does with them provisional until the iterator
-    /// has ended without one.
+    /// dump checks it first ([`Engine::check_dump`]) or keeps what it does
+    /// provisional until the iterator has ended without one.
     ///
-    /// Not while a BGSAVE may run: it overwrites the dump in place. The
-    /// server never reads its dump; `critio dump` opens the store alone.
+    /// Refused while a BGSAVE runs: it overwrites the dump in place.
     pub fn dump_entries(&self) -> Result<DumpEntries<'_>, EngineError> {
+        if self.background_running().0 {
+            return Err(EngineError::Busy(
+                "a BGSAVE is writing the dump: read it once it has ended",
+            ));
+        }
         let inner = &*self.inner;
         let page = inner.layout.page as usize;
         let mut head = vec![0u8; page];
@@ -300,13 +306,14 @@ impl Engine {
         let mut r = Reader(&head);
         let none = DumpEntries {
             inner,
+            exists: false,
             keys: 0,
             seen: 0,
             body: 0,
             read: 0,
             crc_want: 0,
             crc: 0,
-            decoder: BodyDecoder::new(DUMP_VERSION),
+            decoder: BodyDecoder::new(DUMP_VERSION, 0),
             over: false,
         };
         if r.take(4) != Some(&DUMP_MAGIC[..]) {
@@ -326,12 +333,29 @@ impl Engine {
             return Err(bad("body larger than the file"));
         }
         Ok(DumpEntries {
+            exists: true,
             keys,
             body,
             crc_want,
-            decoder: BodyDecoder::new(version),
+            decoder: BodyDecoder::new(version, body),
             ..none
         })
+    }
+
+    /// Reads the last dump's body for its checksum alone, a chunk at a
+    /// time: Ok if it is whole (or there is none), the error
+    /// [`Engine::dump_entries`] would end in otherwise. What to run before
+    /// acting on entries that cannot be taken back (`critio dump` to
+    /// standard output).
+    pub fn check_dump(&self) -> Result<(), EngineError> {
+        let mut d = self.dump_entries()?;
+        while d.read < d.body {
+            d.fill_raw()?;
+        }
+        if d.crc != d.crc_want {
+            return Err(EngineError::Corrupt("dump file: checksum".into()));
+        }
+        Ok(())
     }
 }
 
@@ -341,6 +365,8 @@ const READ_CHUNK: usize = if cfg!(test) { 16 << 10 } else { 1 << 20 };
 /// The entries of a dump, read a chunk at a time ([`Engine::dump_entries`]).
 pub struct DumpEntries<'a> {
     inner: &'a Inner,
+    /// A dump's header was found.
+    exists: bool,
     /// Entries, as the header says.
     keys: u64,
     /// Entries yielded.
@@ -357,7 +383,13 @@ pub struct DumpEntries<'a> {
 }
 
 impl DumpEntries<'_> {
-    /// How many entries the dump holds, as its header says (0: no dump).
+    /// Whether there is a dump (a BGSAVE of an empty store has one, with
+    /// no entries).
+    pub fn exists(&self) -> bool {
+        self.exists
+    }
+
+    /// How many entries the dump holds, as its header says (0: none).
     pub fn keys(&self) -> u64 {
         self.keys
     }
@@ -369,6 +401,13 @@ impl DumpEntries<'_> {
 
     /// Reads the next chunk of the body into the decoder.
     fn fill(&mut self) -> Result<(), EngineError> {
+        let chunk = self.fill_raw()?;
+        self.decoder.push(&chunk);
+        Ok(())
+    }
+
+    /// Reads the next chunk of the body, adding it to the checksum.
+    fn fill_raw(&mut self) -> Result<Vec<u8>, EngineError> {
         let n = (self.body - self.read).min(READ_CHUNK as u64) as usize;
         let inner = self.inner;
         let chunk = inner
@@ -377,8 +416,7 @@ impl DumpEntries<'_> {
             .finish()?;
         self.crc = crc32c::crc32c_append(self.crc, &chunk);
         self.read += n as u64;
-        self.decoder.push(&chunk);
-        Ok(())
+        Ok(chunk)
     }
 
     /// The checks once the whole body is read: nothing left undecoded,
@@ -436,9 +474,13 @@ impl Iterator for DumpEntries<'_> {
 
 /// Decodes a dump body of either version from pieces of any size, so that
 /// it is never whole in memory: at most one compressed frame and its
-/// entries (version 2), or one entry (version 1), beyond the piece.
+/// entries (version 2), or one entry (version 1), beyond the piece. A
+/// frame or entry that claims more bytes than the body has left is
+/// refused at once, not read to the body's end.
 struct BodyDecoder {
     version: u32,
+    /// Body bytes not yet pushed.
+    unpushed: u64,
     /// Body bytes pushed and not yet decoded, from `pending_at`.
     pending: Vec<u8>,
     pending_at: usize,
@@ -448,9 +490,11 @@ struct BodyDecoder {
 }
 
 impl BodyDecoder {
-    fn new(version: u32) -> Self {
+    /// A decoder of a body of `version` and `len` bytes.
+    fn new(version: u32, len: u64) -> Self {
         Self {
             version,
+            unpushed: len,
             pending: Vec::new(),
             pending_at: 0,
             raw: Vec::new(),
@@ -460,6 +504,7 @@ impl BodyDecoder {
 
     /// The next piece of the body.
     fn push(&mut self, bytes: &[u8]) {
+        self.unpushed = self.unpushed.saturating_sub(bytes.len() as u64);
         self.pending.drain(..self.pending_at);
         self.pending_at = 0;
         self.pending.extend_from_slice(bytes);
@@ -475,7 +520,11 @@ impl BodyDecoder {
     /// for a damaged body.
     fn next(&mut self) -> Result<Option<Entry>, &'static str> {
         if self.version == 1 {
-            let Some((entry, n)) = parse_entry(&self.pending[self.pending_at..])? else {
+            let rest = &self.pending[self.pending_at..];
+            let Some((entry, n)) = parse_entry(rest)? else {
+                if entry_len(rest).is_some_and(|n| n > rest.len() as u64 + self.unpushed) {
+                    return Err("entry layout");
+                }
                 return Ok(None);
             };
             self.pending_at += n;
@@ -494,7 +543,9 @@ impl BodyDecoder {
                 return Ok(None);
             };
             let (raw, stored) = (raw as usize, stored as usize);
-            if raw > stored.saturating_mul(LZ4_RATIO_MAX).saturating_add(16) {
+            if raw > stored.saturating_mul(LZ4_RATIO_MAX).saturating_add(16)
+                || (FRAME_HEADER + stored) as u64 > rest.len() as u64 + self.unpushed
+            {
                 return Err("compressed frame");
             }
             let Some(frame) = rest.get(FRAME_HEADER..FRAME_HEADER + stored) else {
@@ -514,6 +565,17 @@ impl BodyDecoder {
             self.pending_at += FRAME_HEADER + stored;
         }
     }
+}
+
+/// The length an entry at the start of `bytes` claims, once its header
+/// fields are there (None before).
+fn entry_len(bytes: &[u8]) -> Option<u64> {
+    let mut r = Reader(bytes);
+    let klen = u64::from(r.u32()?);
+    r.take(klen as usize)?;
+    let (_kind, _expire) = (r.u8()?, r.u64()?);
+    let vlen = u64::from(r.u32()?);
+    Some(4 + klen + 1 + 8 + 4 + vlen)
 }
 
 /// The entry at the start of `bytes` and its length; None if `bytes` ends
@@ -570,7 +632,7 @@ mod tests {
     /// entries, or the first error (a body that ends inside a frame or an
     /// entry is one).
     fn decode(version: u32, body: &[u8], piece: usize) -> Result<Vec<Entry>, &'static str> {
-        let mut d = BodyDecoder::new(version);
+        let mut d = BodyDecoder::new(version, body.len() as u64);
         let mut out = Vec::new();
         for part in body.chunks(piece.max(1)) {
             d.push(part);
@@ -636,6 +698,19 @@ mod tests {
             decode(2, &frame(&raw[..raw.len() - 1]), 100),
             Err("entry layout")
         );
+        // A frame or an entry claiming more than the body has left is
+        // refused at once, before the rest is read.
+        let mut d = BodyDecoder::new(2, 1 << 30);
+        let mut big = (1u32 << 20).to_le_bytes().to_vec();
+        big.extend_from_slice(&(1u32 << 20).to_le_bytes());
+        d.push(&big);
+        assert_eq!(d.next().err(), None, "the body may still hold it");
+        let mut d = BodyDecoder::new(2, 100);
+        d.push(&big);
+        assert_eq!(d.next().err(), Some("compressed frame"));
+        let mut d = BodyDecoder::new(1, 10);
+        d.push(&entry_bytes(b"k", &[1; 64])[..20]);
+        assert_eq!(d.next().err(), Some("entry layout"));
         // A hash that does not decode.
         let mut e = entry_bytes(b"h", &[9; 3]);
         e[4 + 1] = crate::engine::entry::KIND_HASH;
