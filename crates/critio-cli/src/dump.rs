@@ -5,9 +5,11 @@
 //! (a restart recovers from checkpoints and the log). This command makes
 //! it a backup a user can move: it opens the store (its server stopped:
 //! the image's lock refuses a second opener), reads the dump a chunk at a
-//! time ([`critio_kv::engine::Engine::dump_entries`], so a dump of any
-//! size needs a few MiB), and writes each key as the commands that
-//! recreate it, in the protocol `redis-cli --pipe` sends to a server:
+//! time ([`critio_kv::engine::Engine::dump_entries`]: a chunk, a frame
+//! and an entry in memory, whatever the dump's size, beside the store's
+//! own index and a 64 MiB page cache), and writes each key as the
+//! commands that recreate it, in the protocol `redis-cli --pipe` sends to
+//! a server:
 //!
 //! ```text
 //!  string:  SET key value [PXAT ms]
@@ -21,8 +23,9 @@
 //! The dump's checksum covers its whole body, so it is known to be
 //! intact only once the last chunk is read: to a file, the commands go to
 //! `FILE.partial`, renamed to FILE (after an `fsync`) only then; to
-//! standard output, a damaged dump ends the output early and the command
-//! exits with an error, which a pipeline must check.
+//! standard output, which a reader may act on at once, the body is read
+//! once for its checksum before anything is written
+//! ([`critio_kv::engine::Engine::check_dump`]).
 
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
@@ -62,8 +65,8 @@ pub fn run(args: DumpArgs) -> Result<(), String> {
     let started = Instant::now();
     let stack = open_existing(&args.data, args.device, args.config.as_deref(), CACHE_BYTES)?;
     let result = export(&stack.engine, &args.out, started);
-    // Nothing was written to the store; the close's checkpoint only
-    // records what its recovery replayed.
+    // The export writes nothing to the store; the close takes a final
+    // checkpoint, as a server's stop does.
     let closed = stack
         .engine
         .close()
@@ -83,7 +86,7 @@ fn export(
     let entries = engine
         .dump_entries()
         .map_err(|e| format!("cannot read the dump: {e}"))?;
-    if entries.keys() == 0 && entries.bytes().0 == 0 {
+    if !entries.exists() {
         return Err(
             "the store holds no dump: run BGSAVE on its server (redis-cli -p PORT BGSAVE), \
                     wait until INFO persistence says rdb_bgsave_in_progress:0, stop the server, \
@@ -92,6 +95,15 @@ fn export(
         );
     }
     let to_stdout = out == Path::new("-");
+    if to_stdout {
+        drop(entries);
+        engine
+            .check_dump()
+            .map_err(|e| format!("the dump is damaged, nothing was written: {e}"))?;
+    }
+    let entries = engine
+        .dump_entries()
+        .map_err(|e| format!("cannot read the dump: {e}"))?;
     let partial = partial_path(out);
     let sink: Box<dyn Write> = if to_stdout {
         Box::new(std::io::stdout().lock())
@@ -143,7 +155,9 @@ fn export(
             .write(true)
             .open(&partial)
             .and_then(|f| f.sync_all());
-        let done = f.and_then(|()| std::fs::rename(&partial, out));
+        let done = f
+            .and_then(|()| std::fs::rename(&partial, out))
+            .and_then(|()| sync_dir_of(out));
         if let Err(e) = done {
             let _ = std::fs::remove_file(&partial);
             return Err(format!("cannot write {}: {e}", out.display()));
@@ -162,6 +176,15 @@ fn export(
         },
         started.elapsed().as_secs_f64()
     ))
+}
+
+/// Makes a rename into `path`'s directory durable.
+fn sync_dir_of(path: &Path) -> std::io::Result<()> {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    std::fs::File::open(dir)?.sync_all()
 }
 
 /// Where a file export is written until the dump has been read whole.

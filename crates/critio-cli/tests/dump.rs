@@ -1,9 +1,9 @@
 //! `critio dump` as a user meets it: the last BGSAVE of a stopped server's
 //! store, written as the commands that recreate it, loads into a new
 //! server with the same keys, values and expiry, and nothing written
-//! after the BGSAVE; while the server runs, or with no dump, it refuses
-//! with a reason and writes no file. The pool backend, so that any
-//! temporary directory will do.
+//! after the BGSAVE; while the server runs, with no dump, or with a
+//! damaged one, it refuses with a reason and writes nothing. The pool
+//! backend, so that any temporary directory will do.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -181,6 +181,45 @@ fn the_last_bgsave_loads_into_a_new_server_as_it_was() {
     let after: Option<String> = redis::cmd("GET").arg("after").query(&mut con).unwrap();
     assert_eq!(after, None, "written after the BGSAVE");
     stock_redis_loads(&out, far);
+    drop(fresh);
+
+    // One byte of the dump's body damaged: refused, and nothing written,
+    // to a file or to standard output.
+    damage_dump(&data.join("critio.img"));
+    let bad = dir.path().join("bad.resp");
+    let o = dump(&data, &bad);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("damaged"), "{err}");
+    assert!(!bad.exists() && !dir.path().join("bad.resp.partial").exists());
+    let o = dump(&data, Path::new("-"));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("damaged"), "{err}");
+    assert!(o.stdout.is_empty(), "{} bytes out", o.stdout.len());
+}
+
+/// Flips a byte early in the body of the dump in `image` (its header page
+/// starts with "CKVD").
+fn damage_dump(image: &Path) {
+    use std::os::unix::fs::FileExt;
+    let f = std::fs::File::options()
+        .read(true)
+        .write(true)
+        .open(image)
+        .unwrap();
+    let len = f.metadata().unwrap().len();
+    let mut magic = [0u8; 4];
+    let header = (0..len / 4096)
+        .map(|p| p * 4096)
+        .find(|&at| {
+            f.read_exact_at(&mut magic, at).unwrap();
+            &magic == b"CKVD"
+        })
+        .expect("a dump header");
+    let at = header + 4096 + 100;
+    let mut b = [0u8; 1];
+    f.read_exact_at(&mut b, at).unwrap();
+    f.write_all_at(&[b[0] ^ 0x5a], at).unwrap();
+    f.sync_all().unwrap();
 }
 
 /// The same file through `redis-cli --pipe` into a stock Redis (skipped,
