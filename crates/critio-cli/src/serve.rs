@@ -570,13 +570,15 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
     let bound = Server::bind(file.server.clone()).map_err(|e| e.to_string())?;
     let cache_default = file.critio.cache.capacity_bytes == base.critio.cache.capacity_bytes;
     let (stack, stack_cfg, dir) = open_store(&args, file, cache_default)?;
-    // What ends the wait below: a signal, or a client's SHUTDOWN.
-    let (stop_tx, stop_rx) = std::sync::mpsc::channel::<&'static str>();
+    // What ends the wait below: a signal, or a client's SHUTDOWN with its
+    // connection, held open until the store is closed.
+    type Stop = (&'static str, Option<std::net::TcpStream>);
+    let (stop_tx, stop_rx) = std::sync::mpsc::channel::<Stop>();
     let by_client = stop_tx.clone();
     let backend = Backend {
         data_dir: Some(dir.clone()),
-        on_shutdown: Some(std::sync::Arc::new(move || {
-            let _ = by_client.send("SHUTDOWN from a client");
+        on_shutdown: Some(std::sync::Arc::new(move |conn| {
+            let _ = by_client.send(("SHUTDOWN from a client", conn));
         })),
         ..Backend::of(&stack, &stack_cfg)
     };
@@ -600,10 +602,10 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
             } else {
                 "SIGTERM received"
             };
-            let _ = stop_tx.send(name);
+            let _ = stop_tx.send((name, None));
         }
     });
-    let why = stop_rx.recv().unwrap_or("SIGTERM received");
+    let (why, asker) = stop_rx.recv().unwrap_or(("SIGTERM received", None));
     println!("critio-kv: {why}: finishing commands in flight");
     let stuck = server.shutdown();
     if stuck > 0 {
@@ -614,6 +616,11 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
         .close()
         .map_err(|e| format!("the final checkpoint failed: {e}"))?;
     let keys = stack.engine.dbsize();
+    // The store's image (and its lock) first, then the connection of a
+    // client that asked for the stop: once it closes, a command that opens
+    // the store (`critio dump`) may run.
+    drop(stack);
+    drop(asker);
     println!("critio-kv: stopped after a final checkpoint ({keys} keys)");
     Ok(())
 }

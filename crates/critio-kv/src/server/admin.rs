@@ -204,13 +204,16 @@ pub(crate) fn quit(ctx: &mut Ctx<'_>, _: &[&[u8]]) -> Reply {
 }
 
 /// SHUTDOWN [NOSAVE|SAVE] [NOW] [FORCE]: Redis's, on a server whose every
-/// acknowledged write is already durable, so the options change nothing:
-/// the server stops as on SIGTERM (the commands in flight finish, then a
-/// final checkpoint). It asks the program that runs the server
+/// acknowledged write is already durable, so the options change nothing
+/// (SAVE takes no new dump: every stop takes a checkpoint): the server
+/// stops as on SIGTERM (the commands in flight finish, then a final
+/// checkpoint). It asks the program that runs the server
 /// ([`super::Backend::on_shutdown`]; refused where there is none, an
-/// embedding program's server) and closes this connection with no reply,
-/// as Redis does, which clients read as success (redis-py's `shutdown()`
-/// raises if it gets a reply).
+/// embedding program's server), handing it this connection, and sends no
+/// reply: the connection closes when that program lets go of it, once
+/// stopped, as Redis's closes when its process exits. Clients read that
+/// as success (redis-py's `shutdown()` raises if it gets a reply); the
+/// replies to requests before it are sent.
 pub(crate) fn shutdown(ctx: &mut Ctx<'_>, a: &[&[u8]]) -> Reply {
     for word in &a[1..] {
         if word.eq_ignore_ascii_case(b"ABORT") {
@@ -229,9 +232,9 @@ pub(crate) fn shutdown(ctx: &mut Ctx<'_>, a: &[&[u8]]) -> Reply {
             "SHUTDOWN is not available here: the program that embeds this server stops it",
         );
     };
-    stop();
+    stop(ctx.session.client.stream.try_clone().ok());
     ctx.session.quit = true;
-    let _ = ctx.session.client.stream.shutdown(std::net::Shutdown::Both);
+    ctx.session.silent = true;
     Reply::OK
 }
 

@@ -28,6 +28,8 @@ pub(crate) struct Session {
     pub authenticated: bool,
     /// QUIT was received: close after the reply.
     pub quit: bool,
+    /// This request's reply is not sent (SHUTDOWN's).
+    pub silent: bool,
     /// A request that would wait (a read that misses the page cache, a key
     /// whose index stripe a background thread holds) may park the connection
     /// instead (its worker has miss readers).
@@ -46,6 +48,7 @@ impl Session {
             protocol: Protocol::Resp2,
             authenticated,
             quit: false,
+            silent: false,
             may_park: false,
             parked: None,
             multi: multi::State::default(),

@@ -221,7 +221,9 @@ impl Conn {
                     break;
                 }
                 self.retry_blocking = false;
-                reply.encode(self.session.protocol, &mut self.output);
+                if !std::mem::take(&mut self.session.silent) {
+                    reply.encode(self.session.protocol, &mut self.output);
+                }
                 if round_lsn() != before {
                     self.unacked.push((mark, self.output.len()));
                 }

@@ -133,9 +133,12 @@ pub struct Backend {
     /// figures are exported with the metrics).
     pub write_cache: Option<Arc<WriteCache>>,
     /// What a client's SHUTDOWN does: asks the program running the server
-    /// to stop it (`critio serve` then stops as on SIGTERM). None: SHUTDOWN
-    /// is refused with a reason.
-    pub on_shutdown: Option<Arc<dyn Fn() + Send + Sync>>,
+    /// to stop it (`critio serve` then stops as on SIGTERM), handing it
+    /// that client's connection, which stays open as long as the program
+    /// holds it: Redis's closes when its process exits, so a client that
+    /// waits for it knows the server is gone (its store released). None:
+    /// SHUTDOWN is refused with a reason.
+    pub on_shutdown: Option<Arc<dyn Fn(Option<std::net::TcpStream>) + Send + Sync>>,
 }
 
 impl Backend {
