@@ -45,8 +45,8 @@ pub struct DumpArgs {
     /// The store's device, as given to `critio serve`.
     #[arg(long, value_enum, default_value = "sim")]
     device: DeviceKind,
-    /// The config its server runs with (for its [engine] layout and
-    /// [cache]); the page cache is 64 MiB unless it sets one.
+    /// The config its server runs with (for its [engine] layout); the
+    /// page cache is 64 MiB whatever it says.
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
     /// Where to write the commands; `-` for standard output.

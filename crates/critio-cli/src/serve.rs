@@ -382,9 +382,10 @@ fn device_name(kind: DeviceKind) -> String {
 }
 
 /// Opens (recovering) the store a server left in `data` for another
-/// command (`critio dump`): never creates one. `cache_bytes` is the page
-/// cache unless `config` sets one; the scheme is `none` (no requests to
-/// protect).
+/// command (`critio dump`): never creates one. The page cache is
+/// `cache_bytes` whatever `config` says (which gives the store's layout:
+/// a server's cache of gigabytes would only be backed for nothing); the
+/// scheme is `none` (no requests to protect).
 pub fn open_existing(
     data: &Path,
     device: DeviceKind,
@@ -393,9 +394,7 @@ pub fn open_existing(
 ) -> Result<Stack, String> {
     let base = defaults_for(device);
     let mut file = load_config(config, &base)?;
-    if file.critio.cache.capacity_bytes == base.critio.cache.capacity_bytes {
-        file.critio.cache.capacity_bytes = cache_bytes;
-    }
+    file.critio.cache.capacity_bytes = cache_bytes;
     check_memory(file.critio.cache.capacity_bytes, mem_total_bytes())?;
     check_kind(data, device)?;
     let image = data.join(image_name(device));
