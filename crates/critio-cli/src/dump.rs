@@ -142,7 +142,11 @@ fn export(
             .map_err(|e| format!("cannot write {}: {e}", out.display()))
     })();
     let bytes = w.bytes;
-    let sink = w.inner.into_inner().map_err(|e| e.into_error().to_string());
+    let sink = w.inner.into_inner();
+    let outcome = outcome.and_then(|()| {
+        sink.map(drop)
+            .map_err(|e| format!("cannot write {}: {}", out.display(), e.error()))
+    });
     if let Err(e) = outcome {
         if !to_stdout {
             let _ = std::fs::remove_file(&partial);
@@ -150,7 +154,6 @@ fn export(
         return Err(e);
     }
     if !to_stdout {
-        drop(sink);
         let f = std::fs::File::options()
             .write(true)
             .open(&partial)
