@@ -54,11 +54,17 @@ fn pool(path: &TempPath, options: PoolOptions) -> PoolDevice {
     PoolDevice::open(&path.0, options).unwrap_or_else(|e| panic!("{e}"))
 }
 
-/// Drops the calling thread's privilege to use the RT I/O class.
-fn drop_rt_privilege() {
-    let mut caps = capabilities(None).expect("capget");
-    caps.effective -= CapabilitySet::SYS_NICE | CapabilitySet::SYS_ADMIN;
-    set_capabilities(None, caps).expect("dropping capabilities is always allowed");
+/// Runs `f` on a thread of its own without the privilege to use the RT
+/// I/O class, and waits for it.
+fn without_rt(f: impl FnOnce() + Send + 'static) {
+    std::thread::spawn(move || {
+        let mut caps = capabilities(None).expect("capget");
+        caps.effective -= CapabilitySet::SYS_NICE | CapabilitySet::SYS_ADMIN;
+        set_capabilities(None, caps).expect("dropping capabilities is always allowed");
+        f()
+    })
+    .join()
+    .unwrap()
 }
 
 fn write_read(dev: &dyn Device, offset: u64, class: Class) {
@@ -288,13 +294,10 @@ fn uring_falls_back_to_best_effort_when_rt_is_refused() {
     let dev = Arc::new(dev);
     let d = dev.clone();
     // The kernel checks the privilege of the thread that enters the ring.
-    std::thread::spawn(move || {
-        drop_rt_privilege();
+    without_rt(move || {
         write_read(&*d, 4096, Class::Critical);
         write_read(&*d, 16384, Class::NonCritical);
-    })
-    .join()
-    .unwrap();
+    });
     let p = dev.effective_priorities();
     assert_eq!(p.critical, IoPriority::BestEffort(0));
     assert_eq!(p.non_critical, IoPriority::Idle);
@@ -307,17 +310,14 @@ fn uring_falls_back_to_best_effort_when_rt_is_refused() {
     };
     let dev = Arc::new(dev);
     let d = dev.clone();
-    std::thread::spawn(move || {
-        drop_rt_privilege();
+    without_rt(move || {
         let cmd = Command::write(0, AlignedBuf::from_slice(&[5; 4096]), Class::Critical);
         match d.submit_here(cmd) {
             Ok(c) => c.result.unwrap(),
             Err(_) => panic!("a write was handed back"),
         }
         assert_eq!(thread_ioprio(0).unwrap(), IoPriority::None, "given back");
-    })
-    .join()
-    .unwrap();
+    });
     assert_eq!(
         dev.effective_priorities().critical,
         IoPriority::BestEffort(0)
@@ -360,8 +360,7 @@ fn pool_workers_run_at_their_class_priority() {
 #[test]
 fn pool_workers_fall_back_to_best_effort_when_rt_is_refused() {
     // Workers inherit the credentials of the thread that starts them.
-    std::thread::spawn(|| {
-        drop_rt_privilege();
+    without_rt(|| {
         let path = TempPath::new(&std::env::temp_dir(), "pool-fallback");
         let dev = pool(&path, PoolOptions::default());
         let p = dev.effective_priorities();
@@ -371,9 +370,7 @@ fn pool_workers_fall_back_to_best_effort_when_rt_is_refused() {
             assert_eq!(thread_ioprio(tid).unwrap(), p.of(class));
         }
         write_read(&dev, 0, Class::Critical);
-    })
-    .join()
-    .unwrap();
+    });
 }
 
 #[test]
