@@ -95,15 +95,17 @@ fn export(
         );
     }
     let to_stdout = out == Path::new("-");
-    if to_stdout {
+    let entries = if to_stdout {
         drop(entries);
         engine
             .check_dump()
             .map_err(|e| format!("the dump is damaged, nothing was written: {e}"))?;
-    }
-    let entries = engine
-        .dump_entries()
-        .map_err(|e| format!("cannot read the dump: {e}"))?;
+        engine
+            .dump_entries()
+            .map_err(|e| format!("cannot read the dump: {e}"))?
+    } else {
+        entries
+    };
     let partial = partial_path(out);
     let sink: Box<dyn Write> = if to_stdout {
         Box::new(std::io::stdout().lock())
