@@ -49,7 +49,10 @@
 //! is a bound no durable server reaches (the frontier commits nothing,
 //! where the others wait for a flush); for a GET whose misses read the
 //! device (at 4x), it is no lower than the p99.9 of the reader's own
-//! reads, one of which each miss waits for.
+//! reads, one of which each miss waits for. The floor ceiling sets it
+//! against the frontier alone, with no fio at all: a goal above that asks
+//! rcp's tail under the loop to be shorter than the same load's served
+//! from memory on an idle disk, whatever the background moved.
 
 use std::path::Path;
 use std::time::Instant;
@@ -395,6 +398,19 @@ fn frontier_p999(rows: &[FrontierRow], kind: Kind, test: &str, reads: bool) -> O
     Some(row.result.p999_ms.max(read))
 }
 
+/// The frontier's p99.9 in `test` with no fio beside it: the same load
+/// served from memory with no disk traffic at all, this machine's floor
+/// whatever a server's background moves. None for a load whose requests
+/// read the device (`reads`), which no server serves from memory.
+fn floor_p999(rows: &[FrontierRow], test: &str, reads: bool) -> Option<f64> {
+    if reads {
+        return None;
+    }
+    rows.iter()
+        .find(|r| r.rate_of.is_none() && r.test == test)
+        .map(|r| r.result.p999_ms)
+}
+
 fn frontier_table(rows: &[FrontierRow], size: &Size) -> Table {
     let mut t = Table::new(
         &format!(
@@ -663,7 +679,9 @@ fn background_table(runs: &[Run]) -> Table {
 /// read it in its GET load alone: the data four times the cache), the
 /// frontier ran beside a reader at rcp's read rate, and each miss waits
 /// for one such read, so the bound is no lower than that reader's own
-/// p99.9.
+/// p99.9. The floor gives a third, independent of what rcp moved: the
+/// other server's tail over the frontier's alone, with no disk traffic at
+/// all (`-` for a GET that reads the device).
 fn ceiling_table(runs: &[Run], with_redis: bool, frontiers: &[(&Size, Vec<FrontierRow>)]) -> Table {
     let (redis, none, rcp) = (
         Kind::Redis,
@@ -671,8 +689,8 @@ fn ceiling_table(runs: &[Run], with_redis: bool, frontiers: &[(&Size, Vec<Fronti
         Kind::Critio(Scheme::Rcp),
     );
     let mut t = Table::new(
-        "p99.9 ratios under the loop and their ceiling in this run (the other server's p99.9 under the loop over rcp's alone, which the loop only adds to; frontier ceiling: over the frontier's p99.9 in the same load beside fio at rcp's disk rates in it under the loop, or over fio's reader's own p99.9 there where rcp's GETs read the device, if higher)",
-        &["size", "test", "over rcp's", "measured", "ceiling", "frontier ceiling", "goal"],
+        "p99.9 ratios under the loop and their ceiling in this run (the other server's p99.9 under the loop over rcp's alone, which the loop only adds to; frontier ceiling: over the frontier's p99.9 in the same load beside fio at rcp's disk rates in it under the loop, or over fio's reader's own p99.9 there where rcp's GETs read the device, if higher; floor ceiling: over the frontier's p99.9 alone, the same load from memory with no disk traffic at all, whatever rcp's background moved)",
+        &["size", "test", "over rcp's", "measured", "ceiling", "frontier ceiling", "floor ceiling", "goal"],
     );
     let mut others = vec![(none, 3.0)];
     if with_redis {
@@ -694,10 +712,9 @@ fn ceiling_table(runs: &[Run], with_redis: bool, frontiers: &[(&Size, Vec<Fronti
                     && alone.stalls[1]
                         .disk_read_mb_s
                         .is_some_and(|r| r >= READER_MIN_MB_S);
-                let edge = frontiers
-                    .iter()
-                    .find(|(s, _)| s.name == size)
-                    .and_then(|(_, rows)| frontier_p999(rows, rcp, test, reads));
+                let rows = frontiers.iter().find(|(s, _)| s.name == size);
+                let edge = rows.and_then(|(_, rows)| frontier_p999(rows, rcp, test, reads));
+                let floor = rows.and_then(|(_, rows)| floor_p999(rows, test, reads));
                 t.row(vec![
                     json!(size),
                     json!(test),
@@ -705,6 +722,7 @@ fn ceiling_table(runs: &[Run], with_redis: bool, frontiers: &[(&Size, Vec<Fronti
                     json!(ratio(b.p999_ms, u.p999_ms)),
                     json!(ratio(b.p999_ms, a.p999_ms)),
                     edge.map_or(json!("-"), |f| json!(ratio(b.p999_ms, f))),
+                    floor.map_or(json!("-"), |f| json!(ratio(b.p999_ms, f))),
                     json!(goal),
                 ]);
             }
@@ -959,5 +977,11 @@ mod tests {
         assert_eq!(frontier_p999(&rows, rcp, "GET", true), Some(2.0));
         // ...unless the server-less load's own tail was longer.
         assert_eq!(frontier_p999(&rows, rcp, "SET", true), Some(2.8));
+        // The floor is the load alone, whoever's rates; none where the
+        // requests read the device.
+        assert_eq!(floor_p999(&rows, "SET", false), Some(0.6));
+        assert_eq!(floor_p999(&rows, "GET", false), Some(1.1));
+        assert_eq!(floor_p999(&rows, "GET", true), None);
+        assert_eq!(floor_p999(&rows[1..3], "SET", false), None, "not measured");
     }
 }
