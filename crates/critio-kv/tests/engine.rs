@@ -435,9 +435,10 @@ fn a_dump_reads_back_in_chunks_and_a_damaged_one_ends_in_an_error() {
     e.close().unwrap();
 }
 
-/// A BGSAVE that fails overwrites the last dump's body: it leaves no dump
-/// (an empty list) rather than the old header over a damaged body (a
-/// checksum error, before each dump erased the header first).
+/// A BGSAVE that outgrows the room beside the last dump overwrites the
+/// last dump's body: if it then fails it leaves no dump (an empty list)
+/// rather than the old header over a damaged body (a checksum error,
+/// before a dump erased the header first).
 #[test]
 fn a_failed_bgsave_leaves_no_dump_rather_than_a_damaged_one() {
     let stack = stack_on(Arc::new(MemDevice::new(64 * MIB)), 16 * MIB, log_config());
@@ -645,6 +646,239 @@ fn the_value_log_wraps_and_cleans_without_losing_a_key() {
     let e = open_on(dev, MIB).unwrap();
     check(&e);
     e.close().unwrap();
+}
+
+/// A device that holds back every write of more than a page while `hold`
+/// is set, until [`HeldWrites::release`]: writes in flight when the power
+/// goes. (A dump's header, one page, goes through.)
+struct HeldWrites {
+    inner: Arc<FaultyDevice>,
+    hold: std::sync::atomic::AtomicBool,
+    held: std::sync::Mutex<Vec<(critio::device::Command, critio::device::Completer)>>,
+}
+
+impl HeldWrites {
+    fn release(&self) {
+        self.hold.store(false, std::sync::atomic::Ordering::SeqCst);
+        for (cmd, done) in self.held.lock().unwrap().drain(..) {
+            self.inner.submit(cmd, done);
+        }
+    }
+}
+
+impl Device for HeldWrites {
+    fn info(&self) -> &critio::device::DeviceInfo {
+        self.inner.info()
+    }
+
+    fn submit(&self, cmd: critio::device::Command, done: critio::device::Completer) {
+        let mut held = self.held.lock().unwrap();
+        if self.hold.load(std::sync::atomic::Ordering::SeqCst)
+            && cmd.op == critio::device::Op::Write
+            && cmd.buf.len() > 4096
+        {
+            held.push((cmd, done));
+        } else {
+            drop(held);
+            self.inner.submit(cmd, done);
+        }
+    }
+}
+
+/// A BGSAVE cut short by a power cut leaves the last dump whole, as Redis
+/// keeps `dump.rdb` until a new one is renamed over it: a new body goes
+/// where the last one ends, around the dump file's end, and the header is
+/// rewritten only once it is durable.
+#[test]
+fn a_bgsave_cut_short_leaves_the_last_dump_and_the_next_wraps_around_the_file() {
+    use std::sync::atomic::Ordering::SeqCst;
+    let mem = Arc::new(MemDevice::new(64 * MIB));
+    let faulty = Arc::new(FaultyDevice::new(mem.clone(), FaultConfig::default()).unwrap());
+    let dev = Arc::new(HeldWrites {
+        inner: faulty.clone(),
+        hold: false.into(),
+        held: Default::default(),
+    });
+    // A dump file of 6 MiB.
+    let cfg = EngineConfig {
+        dump_pct: 10,
+        ..small_config()
+    };
+    let e = Engine::open(&stack_on(dev.clone(), 16 * MIB, log_config()), cfg).unwrap();
+    let mut rng = SmallRng::seed_from_u64(8);
+    let mut now: HashMap<Vec<u8>, Vec<u8>> = HashMap::new();
+    // Random bytes, so a dump is as large as its values.
+    let mut fill = |e: &Engine, keys: std::ops::Range<usize>, now: &mut HashMap<_, _>| {
+        for i in keys {
+            let v: Vec<u8> = (0..2000).map(|_| rng.gen()).collect();
+            set(e, &format!("k{i}"), &v);
+            now.insert(format!("k{i}").into_bytes(), v);
+        }
+    };
+    let bgsave = |e: &Engine| {
+        e.bgsave().unwrap();
+        let start = std::time::Instant::now();
+        while e.background_running() != (false, false) {
+            assert!(start.elapsed().as_secs() < 60, "the BGSAVE never ended");
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+        e.background_stats()
+    };
+    let dump = |e: &Engine| -> HashMap<Vec<u8>, Vec<u8>> {
+        let entries = e.read_dump().unwrap();
+        let n = entries.len();
+        let map: HashMap<_, _> = entries
+            .into_iter()
+            .map(|x| match x.value {
+                Value::Str(v) => (x.key, v),
+                other => panic!("a string was dumped as {other:?}"),
+            })
+            .collect();
+        assert_eq!(map.len(), n, "a key dumped twice");
+        map
+    };
+
+    // The first dump, about 2 MiB.
+    fill(&e, 0..1000, &mut now);
+    assert!(bgsave(&e).last_error.is_none());
+    let first = now.clone();
+    assert!(dump(&e) == first);
+
+    // The second, about 3.5 MiB (it fits beside the first), cut short by
+    // the power while its first write is in flight.
+    fill(&e, 200..1800, &mut now);
+    dev.hold.store(true, SeqCst);
+    e.bgsave().unwrap();
+    let start = std::time::Instant::now();
+    // (Its first body write: the block layer lets one of a background's
+    // writes to the device at a time here.)
+    while dev.held.lock().unwrap().is_empty() {
+        assert!(start.elapsed().as_secs() < 60, "the BGSAVE wrote nothing");
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    assert!(e.background_running().0, "cut while it runs");
+    faulty.power_cut().unwrap();
+    dev.release();
+    while e.background_running() != (false, false) {
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+    let s = e.background_stats();
+    assert!(s.last_error.is_some() && s.snapshots == 1, "{s:?}");
+    drop(e);
+
+    let (mem, faulty) = mixed_ops::restarted(&mem, &FaultConfig::default());
+    let e = Engine::open(&stack_on(faulty, 16 * MIB, log_config()), cfg).unwrap();
+    assert!(dump(&e) == first, "the last dump, whole");
+    // Every acknowledged write is there all the same.
+    for (k, v) in &now {
+        assert_eq!(e.get(k).unwrap().as_ref(), Some(v));
+    }
+
+    // The second again, whole this time, beside the first.
+    assert!(bgsave(&e).last_error.is_none());
+    assert!(dump(&e) == now);
+    // A third, of about 1.2 MiB: it starts near the file's end, where the
+    // second ends, and wraps around to its start.
+    for i in 0..1200 {
+        assert_eq!(e.del(&[format!("k{i}").as_bytes()]).unwrap(), 1);
+        now.remove(format!("k{i}").as_bytes());
+    }
+    assert!(bgsave(&e).last_error.is_none());
+    assert!(dump(&e) == now);
+    e.check_dump().unwrap();
+    e.close().unwrap();
+    // It did wrap: its header (version 3) puts its start within the
+    // body area and its end past the area's end.
+    use critio::device::{submit_and_wait, Command};
+    let layout = critio_kv::engine::Layout::new(64 * MIB, cfg.log_bytes, 10, 4096).unwrap();
+    let head = submit_and_wait(
+        &*mem,
+        Command::read(layout.dump.0, 4096, critio::context::Class::NonCritical),
+    );
+    head.result.unwrap();
+    let head = head.buf.as_slice();
+    let word = |at: usize| u64::from_le_bytes(head[at..at + 8].try_into().unwrap());
+    let (body, start) = (word(16), word(28));
+    let area = layout.dump.1 - 4096;
+    assert_eq!(&head[..8], b"CKVD\x03\0\0\0");
+    assert!(
+        start < area && start + body > area,
+        "{start} + {body} against {area}"
+    );
+}
+
+/// A dump written before dumps could start anywhere (version 2, its body
+/// at the dump file's start) still reads, and the next BGSAVE goes beside
+/// it.
+#[test]
+fn a_version_2_dump_still_reads_and_is_kept_by_the_next_bgsave() {
+    use critio::context::Class;
+    use critio::device::{submit_and_wait, Command};
+    let mem = Arc::new(MemDevice::new(64 * MIB));
+    let cfg = EngineConfig {
+        dump_pct: 10,
+        ..small_config()
+    };
+    let layout = critio_kv::engine::Layout::new(64 * MIB, cfg.log_bytes, 10, 4096).unwrap();
+    let head = |mem: &MemDevice| {
+        let r = submit_and_wait(mem, Command::read(layout.dump.0, 4096, Class::NonCritical));
+        r.result.unwrap();
+        r.buf.as_slice().to_vec()
+    };
+    let wait = |e: &Engine| {
+        e.bgsave().unwrap();
+        while e.background_running() != (false, false) {
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+        assert!(e.background_stats().last_error.is_none());
+    };
+    let e = Engine::open(&stack_on(mem.clone(), 16 * MIB, log_config()), cfg).unwrap();
+    for i in 0..300 {
+        set(&e, &format!("k{i}"), format!("one {i}").as_bytes());
+    }
+    wait(&e);
+    e.close().unwrap();
+    // The first dump starts at the body area's start: as version 2 it is
+    // the same dump with a shorter header.
+    let mut page = head(&mem);
+    assert_eq!(&page[4..8], &3u32.to_le_bytes());
+    assert_eq!(&page[28..36], &0u64.to_le_bytes());
+    page[4..8].copy_from_slice(&2u32.to_le_bytes());
+    page[28..36].fill(0xee); // not read in version 2
+    let buf = critio::device::AlignedBuf::from_slice(&page);
+    let w = submit_and_wait(
+        &*mem,
+        Command::write(layout.dump.0, buf, Class::NonCritical),
+    );
+    w.result.unwrap();
+
+    let e = Engine::open(&stack_on(mem.clone(), 16 * MIB, log_config()), cfg).unwrap();
+    let d = e.read_dump().unwrap();
+    assert_eq!(d.len(), 300);
+    let value = |x: &critio_kv::engine::Entry| match &x.value {
+        Value::Str(v) => v.clone(),
+        other => panic!("{other:?}"),
+    };
+    for x in &d {
+        let i = std::str::from_utf8(&x.key[1..]).unwrap();
+        assert_eq!(value(x), format!("one {i}").into_bytes());
+    }
+    for i in 0..300 {
+        set(&e, &format!("k{i}"), format!("two {i}").as_bytes());
+    }
+    wait(&e);
+    let d = e.read_dump().unwrap();
+    assert_eq!(d.len(), 300);
+    assert!(d.iter().all(|x| value(x).starts_with(b"two ")));
+    e.close().unwrap();
+    // Version 3, beside the version 2 body.
+    let page = head(&mem);
+    let (body, start) = (
+        u64::from_le_bytes(page[16..24].try_into().unwrap()),
+        u64::from_le_bytes(page[28..36].try_into().unwrap()),
+    );
+    assert_eq!(&page[4..8], &3u32.to_le_bytes());
+    assert!(start > 0 && start % 4096 == 0 && body > 0, "{start} {body}");
 }
 
 #[test]
@@ -2046,7 +2280,10 @@ mod mixed_ops {
     /// The device after a power cut: a new one holding what `mem` held when
     /// the power went. The old one stays off, so no thread of the old
     /// engine (one left waiting for good, see below) can write to it.
-    fn restarted(mem: &MemDevice, faults: &FaultConfig) -> (Arc<MemDevice>, Arc<FaultyDevice>) {
+    pub(super) fn restarted(
+        mem: &MemDevice,
+        faults: &FaultConfig,
+    ) -> (Arc<MemDevice>, Arc<FaultyDevice>) {
         let size = mem.info().capacity;
         let image = submit_and_wait(mem, Command::read(0, size as usize, Class::NonCritical));
         image.result.unwrap();

@@ -20,10 +20,27 @@
 //! load.
 //!
 //! ```text
-//!  dump file: | header page: "CKVD" | version u32 | keys u64 | body bytes u64 | crc32c(body) u32 |
-//!             | body (v2): (raw len u32 | stored len u32 | LZ4 block of entries)* |
-//!             | body (v1): entries                                               |
-//!  entry:     klen u32 | key | kind u8 | expire_ms u64 | vlen u32 | value
+//!  dump file: | header page: "CKVD" | version u32 | keys u64 | body bytes u64 | crc32c(body) u32 | start u64 (v3) |
+//!             | body area: the body from `start`, a ring (v1, v2: from 0)                        |
+//!  body (v2, v3): (raw len u32 | stored len u32 | LZ4 block of entries)*
+//!  body (v1):     entries
+//!  entry:         klen u32 | key | kind u8 | expire_ms u64 | vlen u32 | value
+//! ```
+//!
+//! The last dump survives the BGSAVE after it until that one is complete,
+//! as Redis keeps `dump.rdb` until the new file is renamed over it: a new
+//! body starts in the body area where the last one ends and wraps around
+//! its end, and the header page, rewritten once the new body is durable,
+//! is the switch from one to the other. A BGSAVE that fails or is cut
+//! short (a crash, a full dump file) before then leaves the last dump
+//! readable. Only a dump that outgrows the room beside the last one
+//! reaches the last one's body: the header is erased first (durably), so
+//! that from there a failure leaves no dump rather than a header over a
+//! damaged body.
+//!
+//! ```text
+//!  body area: | .. last dump .. | new dump ->  ...  | (wraps) -> .. | last dump ..
+//!             the header names the last dump until the new body is durable
 //! ```
 
 use std::collections::VecDeque;
@@ -37,9 +54,10 @@ use super::vlog::Flow;
 use super::{Engine, EngineError, Inner};
 
 const DUMP_MAGIC: &[u8; 4] = b"CKVD";
-/// Version 2: the body is LZ4-compressed frames. Version 1 (raw entries)
-/// still loads.
-const DUMP_VERSION: u32 = 2;
+/// Version 3: the body is LZ4-compressed frames from `start` in the body
+/// area. Version 2 (the same body from the area's start) and version 1
+/// (raw entries) still load.
+const DUMP_VERSION: u32 = 3;
 /// Stored bytes buffered before a dump write.
 const DUMP_CHUNK: usize = 1 << 20;
 /// Entry bytes gathered into one compressed frame: LZ4 finds matches
@@ -60,7 +78,18 @@ const DUMP_INFLIGHT: u64 = 4 * DUMP_CHUNK as u64;
 /// the data), a few writes in flight.
 struct DumpWriter<'a> {
     inner: &'a Inner,
-    offset: u64,
+    /// The body area's bytes (the dump file less its header page).
+    area: u64,
+    /// Where in the body area this body starts: where the last dump's
+    /// ends.
+    start: u64,
+    /// Body bytes written (whole pages).
+    written: u64,
+    /// Body bytes this one may write before it reaches the last dump's
+    /// body (the whole area if there is none).
+    room: u64,
+    /// The last dump's header is still in place (the last dump is kept).
+    kept: bool,
     /// The writes in flight, oldest first, with their bytes. A dump that
     /// fails waits for them as it drops them ([`WriteAround`]'s drop), so
     /// none lands over the next dump.
@@ -144,22 +173,39 @@ impl DumpWriter<'_> {
         if n == 0 {
             return Ok(());
         }
-        if self.offset + n as u64 > self.inner.layout.dump.1 {
+        if self.written + n as u64 > self.area {
             return Err(EngineError::Config(format!(
                 "the dump file ({} bytes) is too small for this snapshot; raise engine.dump_pct",
                 self.inner.layout.dump.1
             )));
         }
+        if self.kept && self.written + n as u64 > self.room {
+            // The last dump's body is next: its header goes first, so that
+            // a failure from here leaves no dump rather than that header
+            // over a damaged body.
+            self.inner
+                .write_dump_header(&vec![0u8; self.inner.layout.page as usize])?;
+            self.kept = false;
+        }
         let mut chunk: Vec<u8> = self.buf.drain(..n.min(self.buf.len())).collect();
         chunk.resize(n, 0);
+        // Up to the area's end, and the rest from its start.
+        let at = (self.start + self.written) % self.area;
+        let first = (self.area - at).min(n as u64) as usize;
+        let page = self.inner.layout.page;
         let cache = &self.inner.cache;
-        let write = cache.start_write_around(self.inner.dump, self.offset, &chunk)?;
-        self.inflight.push_back((n as u64, write));
+        for (at, piece) in [(at, &chunk[..first]), (0, &chunk[first..])] {
+            if piece.is_empty() {
+                continue;
+            }
+            let write = cache.start_write_around(self.inner.dump, page + at, piece)?;
+            self.inflight.push_back((piece.len() as u64, write));
+        }
         self.inflight_bytes += n as u64;
         while self.inflight_bytes > DUMP_INFLIGHT {
             self.wait_oldest()?;
         }
-        self.offset += n as u64;
+        self.written += n as u64;
         Ok(())
     }
 
@@ -188,6 +234,7 @@ impl DumpWriter<'_> {
         head.extend_from_slice(&self.size.keys.to_le_bytes());
         head.extend_from_slice(&self.size.stored.to_le_bytes());
         head.extend_from_slice(&self.crc.to_le_bytes());
+        head.extend_from_slice(&self.start.to_le_bytes());
         head.resize(self.inner.layout.page as usize, 0);
         self.inner.write_dump_header(&head)?;
         Ok(self.size)
@@ -225,14 +272,69 @@ impl Inner {
         Ok(())
     }
 
+    /// The body area's bytes: the dump file less its header page.
+    fn dump_area(&self) -> u64 {
+        self.layout.dump.1 - self.layout.page
+    }
+
+    /// The last complete dump's header, if the header page holds one.
+    fn dump_header(&self) -> Result<Option<DumpHeader>, EngineError> {
+        let page = self.layout.page;
+        let mut head = vec![0u8; page as usize];
+        self.cache.read_through(self.dump, 0, &mut head)?;
+        let mut r = Reader(&head);
+        if r.take(4) != Some(&DUMP_MAGIC[..]) {
+            return Ok(None);
+        }
+        let bad = |why: &str| EngineError::Corrupt(format!("dump file: {why}"));
+        let version = match r.u32() {
+            Some(v @ 1..=DUMP_VERSION) => v,
+            _ => return Err(bad("unknown version")),
+        };
+        let (keys, body, crc) = match (r.u64(), r.u64(), r.u32()) {
+            (Some(k), Some(b), Some(c)) => (k, b, c),
+            _ => return Err(bad("short header")),
+        };
+        let start = match version {
+            3.. => r.u64().ok_or_else(|| bad("short header"))?,
+            _ => 0,
+        };
+        let area = self.dump_area();
+        if body > area {
+            return Err(bad("body larger than the file"));
+        }
+        // (A file of one page has an empty area, where only 0 is a start.)
+        if start % page != 0 || start >= area.max(page) {
+            return Err(bad("body start outside the file"));
+        }
+        Ok(Some(DumpHeader {
+            version,
+            keys,
+            body,
+            crc,
+            start,
+        }))
+    }
+
     fn write_dump(&self, (from, to): (u64, u64), now: u64) -> Result<DumpSize, EngineError> {
-        // The last dump's header goes first (durably): its body is about
-        // to be overwritten, and a dump that then fails or is cut short
-        // leaves no dump rather than a header over a damaged body.
-        self.write_dump_header(&vec![0u8; self.layout.page as usize])?;
+        let (area, page) = (self.dump_area(), self.layout.page);
+        // The new body goes where the last one ends (a damaged header
+        // keeps nothing: it is written over).
+        let last = self.dump_header().ok().flatten();
+        let (start, room) = match &last {
+            Some(h) => {
+                let len = h.body.div_ceil(page) * page;
+                ((h.start + len).checked_rem(area).unwrap_or(0), area - len)
+            }
+            None => (0, area),
+        };
         let mut w = DumpWriter {
             inner: self,
-            offset: self.layout.page,
+            area,
+            start,
+            written: 0,
+            room,
+            kept: last.is_some(),
             inflight: VecDeque::new(),
             inflight_bytes: 0,
             raw: Vec::with_capacity(DUMP_CHUNK + (64 << 10)),
@@ -270,12 +372,23 @@ impl Inner {
     }
 }
 
+/// A dump file's header page.
+struct DumpHeader {
+    version: u32,
+    keys: u64,
+    /// The body's stored bytes.
+    body: u64,
+    crc: u32,
+    /// Where in the body area the body starts.
+    start: u64,
+}
+
 impl Engine {
     /// The entries of the last complete dump (BGSAVE), checked against its
-    /// checksum; an empty list if there is none (none yet, or the last
-    /// BGSAVE failed or was cut short: each starts by erasing the header of
-    /// the dump it overwrites). All of them in memory: see
-    /// [`Engine::dump_entries`] for a dump of any size.
+    /// checksum; an empty list if there is none (none yet, or the one
+    /// BGSAVE after another outgrew the room beside it and then failed or
+    /// was cut short). All of them in memory: see [`Engine::dump_entries`]
+    /// for a dump of any size.
     pub fn read_dump(&self) -> Result<Vec<Entry>, EngineError> {
         self.dump_entries()?.collect()
     }
@@ -300,15 +413,12 @@ impl Engine {
             ));
         }
         let inner = &*self.inner;
-        let page = inner.layout.page as usize;
-        let mut head = vec![0u8; page];
-        inner.cache.read_through(inner.dump, 0, &mut head)?;
-        let mut r = Reader(&head);
         let none = DumpEntries {
             inner,
             exists: false,
             keys: 0,
             seen: 0,
+            start: 0,
             body: 0,
             read: 0,
             crc_want: 0,
@@ -316,28 +426,16 @@ impl Engine {
             decoder: BodyDecoder::new(DUMP_VERSION, 0),
             over: false,
         };
-        if r.take(4) != Some(&DUMP_MAGIC[..]) {
+        let Some(h) = inner.dump_header()? else {
             return Ok(none);
-        }
-        let bad = |why: &str| EngineError::Corrupt(format!("dump file: {why}"));
-        let version = r.u32();
-        let version = match version {
-            Some(v @ (1 | DUMP_VERSION)) => v,
-            _ => return Err(bad("unknown version")),
         };
-        let (keys, body, crc_want) = match (r.u64(), r.u64(), r.u32()) {
-            (Some(k), Some(b), Some(c)) => (k, b, c),
-            _ => return Err(bad("short header")),
-        };
-        if body > inner.layout.dump.1 - page as u64 {
-            return Err(bad("body larger than the file"));
-        }
         Ok(DumpEntries {
             exists: true,
-            keys,
-            body,
-            crc_want,
-            decoder: BodyDecoder::new(version, body),
+            keys: h.keys,
+            start: h.start,
+            body: h.body,
+            crc_want: h.crc,
+            decoder: BodyDecoder::new(h.version, h.body),
             ..none
         })
     }
@@ -371,6 +469,8 @@ pub struct DumpEntries<'a> {
     keys: u64,
     /// Entries yielded.
     seen: u64,
+    /// Where in the body area the body starts.
+    start: u64,
     /// The body's stored bytes, and how many are read.
     body: u64,
     read: u64,
@@ -408,11 +508,16 @@ impl DumpEntries<'_> {
 
     /// Reads the next chunk of the body, adding it to the checksum.
     fn fill_raw(&mut self) -> Result<Vec<u8>, EngineError> {
-        let n = (self.body - self.read).min(READ_CHUNK as u64) as usize;
         let inner = self.inner;
+        let area = inner.dump_area();
+        // Up to the area's end at most: a body wraps around it.
+        let at = (self.start + self.read) % area;
+        let n = (self.body - self.read)
+            .min(READ_CHUNK as u64)
+            .min(area - at) as usize;
         let chunk = inner
             .cache
-            .start_read_through(inner.dump, inner.layout.page + self.read, n)?
+            .start_read_through(inner.dump, inner.layout.page + at, n)?
             .finish()?;
         self.crc = crc32c::crc32c_append(self.crc, &chunk);
         self.read += n as u64;

@@ -101,7 +101,8 @@ pub struct EngineConfig {
     /// The log region, in bytes. Default 64 MiB.
     pub log_bytes: u64,
     /// The dump file (BGSAVE), in percent of the space after the log.
-    /// Default 33 (the value log gets the rest).
+    /// Default 33 (the value log gets the rest). A BGSAVE keeps the last
+    /// dump until it is complete where the two fit in it together.
     pub dump_pct: u64,
     /// Writes that would make the live data exceed this percentage of the
     /// value log fail ("no space"): the rest is room for garbage, so the
