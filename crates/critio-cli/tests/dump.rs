@@ -215,7 +215,11 @@ fn damage_dump(image: &Path) {
             &magic == b"CKVD"
         })
         .expect("a dump header");
-    let at = header + 4096 + 100;
+    // The body starts in the body area (after the header page) where
+    // the header's `start` (version 3, bytes 28..36) says.
+    let mut start = [0u8; 8];
+    f.read_exact_at(&mut start, header + 28).unwrap();
+    let at = header + 4096 + u64::from_le_bytes(start) + 100;
     let mut b = [0u8; 1];
     f.read_exact_at(&mut b, at).unwrap();
     f.write_all_at(&[b[0] ^ 0x5a], at).unwrap();

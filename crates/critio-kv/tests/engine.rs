@@ -648,6 +648,68 @@ fn the_value_log_wraps_and_cleans_without_losing_a_key() {
     e.close().unwrap();
 }
 
+/// A header that does not read (here, a version this build does not
+/// know) keeps nothing: the next BGSAVE erases it before it writes, so
+/// that when that BGSAVE fails the store has no dump, not that header
+/// over a body written across.
+#[test]
+fn an_unreadable_dump_header_is_erased_before_the_next_dump_writes() {
+    use critio::context::Class;
+    use critio::device::{submit_and_wait, Command};
+    let mem = Arc::new(MemDevice::new(64 * MIB));
+    // A dump file of 6 MiB.
+    let cfg = EngineConfig {
+        dump_pct: 10,
+        ..small_config()
+    };
+    let e = Engine::open(&stack_on(mem.clone(), 16 * MIB, log_config()), cfg).unwrap();
+    let mut rng = SmallRng::seed_from_u64(9);
+    let mut fill = |keys: std::ops::Range<usize>| {
+        for i in keys {
+            let v: Vec<u8> = (0..2000).map(|_| rng.gen()).collect();
+            set(&e, &format!("k{i}"), &v);
+        }
+    };
+    let bgsave = |e: &Engine| {
+        e.bgsave().unwrap();
+        while e.background_running() != (false, false) {
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+        e.background_stats()
+    };
+    fill(0..1000);
+    assert!(bgsave(&e).last_error.is_none());
+    let layout = critio_kv::engine::Layout::new(64 * MIB, cfg.log_bytes, 10, 4096).unwrap();
+    let r = submit_and_wait(
+        &*mem,
+        Command::read(layout.dump.0, 4096, Class::NonCritical),
+    );
+    r.result.unwrap();
+    let mut page = r.buf.as_slice().to_vec();
+    page[4..8].copy_from_slice(&9u32.to_le_bytes());
+    let buf = critio::device::AlignedBuf::from_slice(&page);
+    let w = submit_and_wait(
+        &*mem,
+        Command::write(layout.dump.0, buf, Class::NonCritical),
+    );
+    w.result.unwrap();
+    assert!(
+        matches!(e.read_dump(), Err(EngineError::Corrupt(ref m)) if m.contains("version")),
+        "the header does not read"
+    );
+    // About 7 MiB of random bytes: the next dump does not fit.
+    fill(1000..3500);
+    let s = bgsave(&e);
+    assert!(
+        s.last_error
+            .as_deref()
+            .is_some_and(|m| m.contains("too small")),
+        "{s:?}"
+    );
+    assert!(!e.dump_entries().unwrap().exists(), "no dump");
+    e.close().unwrap();
+}
+
 /// A device that holds back every write of more than a page while `hold`
 /// is set, until [`HeldWrites::release`]: writes in flight when the power
 /// goes. (A dump's header, one page, goes through.)
@@ -786,25 +848,42 @@ fn a_bgsave_cut_short_leaves_the_last_dump_and_the_next_wraps_around_the_file() 
     assert!(bgsave(&e).last_error.is_none());
     assert!(dump(&e) == now);
     e.check_dump().unwrap();
-    e.close().unwrap();
     // It did wrap: its header (version 3) puts its start within the
-    // body area and its end past the area's end.
+    // body area and its end past the area's end. (The dump's writes go
+    // around the cache and are flushed: the device has them.)
     use critio::device::{submit_and_wait, Command};
     let layout = critio_kv::engine::Layout::new(64 * MIB, cfg.log_bytes, 10, 4096).unwrap();
-    let head = submit_and_wait(
-        &*mem,
-        Command::read(layout.dump.0, 4096, critio::context::Class::NonCritical),
-    );
-    head.result.unwrap();
-    let head = head.buf.as_slice();
-    let word = |at: usize| u64::from_le_bytes(head[at..at + 8].try_into().unwrap());
-    let (body, start) = (word(16), word(28));
     let area = layout.dump.1 - 4096;
-    assert_eq!(&head[..8], b"CKVD\x03\0\0\0");
+    let header = || {
+        let head = submit_and_wait(
+            &*mem,
+            Command::read(layout.dump.0, 4096, critio::context::Class::NonCritical),
+        );
+        head.result.unwrap();
+        let head = head.buf.as_slice();
+        assert_eq!(&head[..8], b"CKVD\x03\0\0\0");
+        let word = |at: usize| u64::from_le_bytes(head[at..at + 8].try_into().unwrap());
+        (word(16), word(28)) // body bytes, start
+    };
+    let (body, start) = header();
     assert!(
         start < area && start + body > area,
         "{start} + {body} against {area}"
     );
+    // A fourth, of about 5.2 MiB: more than the room beside the third,
+    // so it erases the third's header and writes over part of its body,
+    // and is whole all the same.
+    fill(&e, 2000..4100, &mut now);
+    assert!(bgsave(&e).last_error.is_none());
+    assert!(dump(&e) == now);
+    let (body4, start4) = header();
+    let len = body.div_ceil(4096) * 4096;
+    assert_eq!(start4, (start + len) % area);
+    assert!(
+        body4 > area - len && body4 <= area,
+        "{body4} against {body}"
+    );
+    e.close().unwrap();
 }
 
 /// A dump written before dumps could start anywhere (version 2, its body
@@ -852,6 +931,18 @@ fn a_version_2_dump_still_reads_and_is_kept_by_the_next_bgsave() {
     );
     w.result.unwrap();
 
+    let body_of = |page: &[u8]| u64::from_le_bytes(page[16..24].try_into().unwrap());
+    let v2_body = |mem: &MemDevice| {
+        let len = body_of(&head(mem)).div_ceil(4096) as usize * 4096;
+        let r = submit_and_wait(
+            mem,
+            Command::read(layout.dump.0 + 4096, len, Class::NonCritical),
+        );
+        r.result.unwrap();
+        r.buf.as_slice().to_vec()
+    };
+    let before = v2_body(&mem);
+
     let e = Engine::open(&stack_on(mem.clone(), 16 * MIB, log_config()), cfg).unwrap();
     let d = e.read_dump().unwrap();
     assert_eq!(d.len(), 300);
@@ -871,14 +962,18 @@ fn a_version_2_dump_still_reads_and_is_kept_by_the_next_bgsave() {
     assert_eq!(d.len(), 300);
     assert!(d.iter().all(|x| value(x).starts_with(b"two ")));
     e.close().unwrap();
-    // Version 3, beside the version 2 body.
+    // Version 3, beside the version 2 body, which is as it was.
     let page = head(&mem);
-    let (body, start) = (
-        u64::from_le_bytes(page[16..24].try_into().unwrap()),
-        u64::from_le_bytes(page[28..36].try_into().unwrap()),
-    );
+    let start = u64::from_le_bytes(page[28..36].try_into().unwrap());
     assert_eq!(&page[4..8], &3u32.to_le_bytes());
-    assert!(start > 0 && start % 4096 == 0 && body > 0, "{start} {body}");
+    assert_eq!(start, before.len() as u64);
+    assert!(body_of(&page) > 0);
+    let r = submit_and_wait(
+        &*mem,
+        Command::read(layout.dump.0 + 4096, before.len(), Class::NonCritical),
+    );
+    r.result.unwrap();
+    assert!(r.buf.as_slice() == &before[..], "the version 2 body kept");
 }
 
 #[test]

@@ -32,11 +32,11 @@
 //! body starts in the body area where the last one ends and wraps around
 //! its end, and the header page, rewritten once the new body is durable,
 //! is the switch from one to the other. A BGSAVE that fails or is cut
-//! short (a crash, a full dump file) before then leaves the last dump
+//! short (a crash, an I/O error) before then leaves the last dump
 //! readable. Only a dump that outgrows the room beside the last one
 //! reaches the last one's body: the header is erased first (durably), so
-//! that from there a failure leaves no dump rather than a header over a
-//! damaged body.
+//! that from there a failure (the crash, or the dump file found too small
+//! for it) leaves no dump rather than a header over a damaged body.
 //!
 //! ```text
 //!  body area: | .. last dump .. | new dump ->  ...  | (wraps) -> .. | last dump ..
@@ -318,9 +318,17 @@ impl Inner {
 
     fn write_dump(&self, (from, to): (u64, u64), now: u64) -> Result<DumpSize, EngineError> {
         let (area, page) = (self.dump_area(), self.layout.page);
-        // The new body goes where the last one ends (a damaged header
-        // keeps nothing: it is written over).
-        let last = self.dump_header().ok().flatten();
+        // The new body goes where the last one ends. A header that does
+        // not read (damaged, or a read error that may pass) keeps nothing,
+        // and it is erased first, as one about to be overwritten is: a
+        // valid header must never be left over a body written across.
+        let last = match self.dump_header() {
+            Ok(last) => last,
+            Err(_) => {
+                self.write_dump_header(&vec![0u8; page as usize])?;
+                None
+            }
+        };
         let (start, room) = match &last {
             Some(h) => {
                 let len = h.body.div_ceil(page) * page;
@@ -405,7 +413,8 @@ impl Engine {
     /// dump checks it first ([`Engine::check_dump`]) or keeps what it does
     /// provisional until the iterator has ended without one.
     ///
-    /// Refused while a BGSAVE runs: it overwrites the dump in place.
+    /// Refused while a BGSAVE runs: it may erase the header or switch it
+    /// to the new dump under the reader.
     pub fn dump_entries(&self) -> Result<DumpEntries<'_>, EngineError> {
         if self.background_running().0 {
             return Err(EngineError::Busy(
