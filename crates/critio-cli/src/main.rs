@@ -96,8 +96,9 @@ enum Command {
     /// Serve the Redis-protocol key-value store (stop with SIGINT, SIGTERM
     /// or a client's SHUTDOWN).
     Serve(serve::ServeArgs),
-    /// Write the last BGSAVE of a stopped server's store as Redis commands
-    /// (`critio dump --data DIR --device file | redis-cli --pipe`).
+    /// Write the last BGSAVE of a store as Redis commands, its server
+    /// running or stopped (`critio dump --data DIR --device file |
+    /// redis-cli --pipe`).
     Dump(dump::DumpArgs),
     /// Run an unmodified program with request-centric I/O priority:
     /// foreground threads by rule, background writes paced.

@@ -381,6 +381,34 @@ fn device_name(kind: DeviceKind) -> String {
         .map_or("?".to_owned(), |v| v.get_name().to_owned())
 }
 
+/// The image of the store in `data` if a running server holds it (its
+/// lock: `flock`, which the file and pool devices take), for reading it
+/// on its own (`critio dump` while the server runs); None if no process
+/// holds it, or the device keeps no such image (the simulator's).
+pub fn held_image(data: &Path, device: DeviceKind) -> Option<PathBuf> {
+    use rustix::fs::{flock, FlockOperation};
+    if device == DeviceKind::Sim {
+        return None;
+    }
+    let image = data.join(image_name(device));
+    let file = std::fs::File::open(&image).ok()?;
+    // Refused only while another open file holds the exclusive lock; a
+    // shared one taken here goes with `file`.
+    match flock(&file, FlockOperation::NonBlockingLockShared) {
+        Err(e) if e == rustix::io::Errno::WOULDBLOCK => Some(image),
+        _ => None,
+    }
+}
+
+/// The `[engine]` config of a store's server on `device` with `config`
+/// (the defaults for that device where it says nothing): its layout.
+pub fn engine_config(
+    device: DeviceKind,
+    config: Option<&Path>,
+) -> Result<critio_kv::engine::EngineConfig, String> {
+    Ok(load_config(config, &defaults_for(device))?.engine)
+}
+
 /// Opens (recovering) the store a server left in `data` for another
 /// command (`critio dump`): never creates one. The page cache is
 /// `cache_bytes` whatever `config` says (which gives the store's layout:

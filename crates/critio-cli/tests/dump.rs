@@ -1,9 +1,10 @@
-//! `critio dump` as a user meets it: the last BGSAVE of a stopped server's
-//! store, written as the commands that recreate it, loads into a new
-//! server with the same keys, values and expiry, and nothing written
-//! after the BGSAVE; while the server runs, with no dump, or with a
-//! damaged one, it refuses with a reason and writes nothing. The pool
-//! backend, so that any temporary directory will do.
+//! `critio dump` as a user meets it: the last BGSAVE of a store, written
+//! as the commands that recreate it, loads into a new server with the
+//! same keys, values and expiry, and nothing written after the BGSAVE;
+//! read while its server runs (from the image on its own) it is the same
+//! as read from the stopped store; with no dump, or with a damaged one,
+//! it refuses with a reason and writes nothing. The pool backend, so that
+//! any temporary directory will do.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -129,20 +130,34 @@ fn the_last_bgsave_loads_into_a_new_server_as_it_was() {
         .query(&mut con)
         .unwrap();
     let _: () = redis::cmd("DEL").arg("k5").query(&mut con).unwrap();
-    // While the server runs, the store is in use.
-    let o = dump(&data, &out);
+    // While the server runs, the dump is read from its image on its own,
+    // to a file and to standard output.
+    let live = dir.path().join("live.resp");
+    let o = dump(&data, &live);
     let err = String::from_utf8_lossy(&o.stderr);
-    assert!(!o.status.success() && err.contains("in use"), "{err}");
-    assert!(!out.exists());
+    assert!(o.status.success(), "{err}");
+    assert!(
+        err.contains("held by its running server") && err.contains("2002 keys"),
+        "{err}"
+    );
+    let o = dump(&data, Path::new("-"));
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let live_stdout = o.stdout;
     drop(con);
     stop(p);
 
     let o = dump(&data, &out);
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.success(), "{err}");
-    assert!(err.contains("2002 keys"), "{err}");
+    assert!(
+        err.contains("2002 keys") && !err.contains("running"),
+        "{err}"
+    );
     assert!(!dir.path().join("backup.resp.partial").exists());
     let commands = std::fs::read(&out).unwrap();
+    // The same dump, the same commands, however it was read.
+    assert!(std::fs::read(&live).unwrap() == commands);
+    assert!(live_stdout == commands);
 
     let fresh = start(&dir.path().join("b"));
     pipe(fresh.addr, &commands);
@@ -289,6 +304,11 @@ fn a_store_with_no_dump_or_no_store_is_refused_with_a_reason() {
     let p = start(&data);
     let mut con = connect(p.addr);
     let _: () = redis::cmd("SET").arg("k").arg("v").query(&mut con).unwrap();
+    let _: String = redis::cmd("SAVE").query(&mut con).unwrap();
+    // Running, and stopped.
+    let o = dump(&data, &out);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("run BGSAVE"), "{err}");
     drop(con);
     stop(p);
     let o = dump(&data, &out);

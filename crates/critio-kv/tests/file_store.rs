@@ -123,3 +123,74 @@ fn a_second_store_on_the_same_image_is_refused_and_the_first_keeps_its_data() {
         Some(&b"after"[..])
     );
 }
+
+/// While a store's server holds its image, the last dump reads from the
+/// file on its own (`critio dump` on a running server): the same entries
+/// as the server's own read. A BGSAVE that ends while it is read makes
+/// the read end in an error, never a mix of two dumps; a config of
+/// another layout is refused.
+#[test]
+fn the_last_dump_reads_from_the_image_while_its_store_is_open() {
+    use critio_kv::engine::{image_dump, EngineError};
+    let image = Image::new("image-dump");
+    let stack = open(&image).unwrap();
+    let e = &stack.engine;
+    let bgsave = || {
+        e.bgsave().unwrap();
+        while e.background_running() != (false, false) {
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+        assert!(e.background_stats().last_error.is_none());
+    };
+    e.save().unwrap();
+    let none = image_dump(&image.0, &engine_config()).unwrap();
+    assert!(!none.exists(), "no dump yet");
+    for i in 0..3000u32 {
+        let v = format!("{i}").repeat(100);
+        e.set(
+            format!("k{i}").as_bytes(),
+            v.as_bytes(),
+            SetOptions::default(),
+        )
+        .unwrap();
+    }
+    bgsave();
+    let own = e.read_dump().unwrap();
+    assert_eq!(own.len(), 3000);
+    let read = image_dump(&image.0, &engine_config()).unwrap();
+    assert!(read.exists() && read.keys() == 3000);
+    let read: Vec<_> = read.collect::<Result<_, _>>().unwrap();
+    assert!(read == own, "the server's own read and the file's differ");
+    image_dump(&image.0, &engine_config())
+        .unwrap()
+        .check()
+        .unwrap();
+
+    // A BGSAVE that ends after the header was read: the body read is still
+    // the old one (beside which the new one went), but the read ends in an
+    // error rather than pass the old dump off as the current one.
+    let reading = image_dump(&image.0, &engine_config()).unwrap();
+    let before = reading.id();
+    e.set(b"later", b"x", SetOptions::default()).unwrap();
+    bgsave();
+    let last = reading.last().expect("an end");
+    assert!(
+        matches!(last, Err(EngineError::Busy(m)) if m.contains("replaced")),
+        "{last:?}"
+    );
+    let now = image_dump(&image.0, &engine_config()).unwrap();
+    assert!(now.id() != before && now.keys() == 3001);
+    assert!(image_dump(&image.0, &engine_config())
+        .unwrap()
+        .check()
+        .is_ok());
+
+    // Another layout: refused, not read from the wrong place.
+    let other = EngineConfig {
+        dump_pct: 20,
+        ..engine_config()
+    };
+    let err = image_dump(&image.0, &other).err().expect("refused");
+    assert!(err.to_string().contains("not this store's"), "{err}");
+    stack.engine.close().unwrap();
+}

@@ -279,41 +279,9 @@ impl Inner {
 
     /// The last complete dump's header, if the header page holds one.
     fn dump_header(&self) -> Result<Option<DumpHeader>, EngineError> {
-        let page = self.layout.page;
-        let mut head = vec![0u8; page as usize];
+        let mut head = vec![0u8; self.layout.page as usize];
         self.cache.read_through(self.dump, 0, &mut head)?;
-        let mut r = Reader(&head);
-        if r.take(4) != Some(&DUMP_MAGIC[..]) {
-            return Ok(None);
-        }
-        let bad = |why: &str| EngineError::Corrupt(format!("dump file: {why}"));
-        let version = match r.u32() {
-            Some(v @ 1..=DUMP_VERSION) => v,
-            _ => return Err(bad("unknown version")),
-        };
-        let (keys, body, crc) = match (r.u64(), r.u64(), r.u32()) {
-            (Some(k), Some(b), Some(c)) => (k, b, c),
-            _ => return Err(bad("short header")),
-        };
-        let start = match version {
-            3.. => r.u64().ok_or_else(|| bad("short header"))?,
-            _ => 0,
-        };
-        let area = self.dump_area();
-        if body > area {
-            return Err(bad("body larger than the file"));
-        }
-        // (A file of one page has an empty area, where only 0 is a start.)
-        if start % page != 0 || start >= area.max(page) {
-            return Err(bad("body start outside the file"));
-        }
-        Ok(Some(DumpHeader {
-            version,
-            keys,
-            body,
-            crc,
-            start,
-        }))
+        parse_dump_header(&head, self.dump_area(), self.layout.page)
     }
 
     fn write_dump(&self, (from, to): (u64, u64), now: u64) -> Result<DumpSize, EngineError> {
@@ -380,6 +348,43 @@ impl Inner {
     }
 }
 
+/// The dump header in `head` (a dump file's first page) of a dump file
+/// whose body area is `area` bytes, in pages of `page`: None if it holds
+/// none.
+fn parse_dump_header(head: &[u8], area: u64, page: u64) -> Result<Option<DumpHeader>, EngineError> {
+    let mut r = Reader(head);
+    if r.take(4) != Some(&DUMP_MAGIC[..]) {
+        return Ok(None);
+    }
+    let bad = |why: &str| EngineError::Corrupt(format!("dump file: {why}"));
+    let version = match r.u32() {
+        Some(v @ 1..=DUMP_VERSION) => v,
+        _ => return Err(bad("unknown version")),
+    };
+    let (keys, body, crc) = match (r.u64(), r.u64(), r.u32()) {
+        (Some(k), Some(b), Some(c)) => (k, b, c),
+        _ => return Err(bad("short header")),
+    };
+    let start = match version {
+        3.. => r.u64().ok_or_else(|| bad("short header"))?,
+        _ => 0,
+    };
+    if body > area {
+        return Err(bad("body larger than the file"));
+    }
+    // (A file of one page has an empty area, where only 0 is a start.)
+    if start % page != 0 || start >= area.max(page) {
+        return Err(bad("body start outside the file"));
+    }
+    Ok(Some(DumpHeader {
+        version,
+        keys,
+        body,
+        crc,
+        start,
+    }))
+}
+
 /// A dump file's header page.
 struct DumpHeader {
     version: u32,
@@ -423,7 +428,9 @@ impl Engine {
         }
         let inner = &*self.inner;
         let none = DumpEntries {
-            inner,
+            source: Source::Store(inner),
+            area: inner.dump_area(),
+            page: inner.layout.page,
             exists: false,
             keys: 0,
             seen: 0,
@@ -455,23 +462,174 @@ impl Engine {
     /// acting on entries that cannot be taken back (`critio dump` to
     /// standard output).
     pub fn check_dump(&self) -> Result<(), EngineError> {
-        let mut d = self.dump_entries()?;
-        while d.read < d.body {
-            d.fill_raw()?;
-        }
-        if d.crc != d.crc_want {
-            return Err(EngineError::Corrupt("dump file: checksum".into()));
-        }
-        Ok(())
+        self.dump_entries()?.check()
     }
+}
+
+/// The last dump of the store whose image is `image` (`critio.img`), read
+/// from the file on its own, past any server: what `critio dump` reads
+/// while the store's server runs (its lock keeps [`Engine::open`] out).
+/// `cfg` is the config the store runs with, whose layout places the dump
+/// file; a layout another than the store's (its superblock's value log
+/// size) is refused. Reads are `O_DIRECT`, so they see what the server
+/// wrote, which writes the same way.
+///
+/// The dump is the one whose header the first read found: the entries end
+/// in an error if the header has changed by the end of the body (a BGSAVE
+/// that ended meanwhile replaced it, or wrote over its body, which it only
+/// does after erasing the header), as for a damaged dump, so that a caller
+/// that keeps what it wrote only once the entries end without one (or
+/// runs [`DumpEntries::check`] first) never keeps a mix of two dumps.
+pub fn image_dump(
+    image: &std::path::Path,
+    cfg: &super::EngineConfig,
+) -> Result<DumpEntries<'static>, EngineError> {
+    use super::layout::{Layout, SUPERBLOCK_BYTES, SUPERBLOCK_OFFSET};
+    use super::superblock::{Slot, Superblock};
+    let file = open_image(image)
+        .map_err(|e| EngineError::Io(format!("cannot open {}: {e}", image.display())))?;
+    let capacity = file
+        .metadata()
+        .map_err(|e| EngineError::Io(format!("{}: {e}", image.display())))?
+        .len();
+    let layout = Layout::new(capacity, cfg.log_bytes, cfg.dump_pct, 4096)?;
+    let mut store = None;
+    for i in 0..2 {
+        let slot = read_direct(&file, SUPERBLOCK_OFFSET + i * SUPERBLOCK_BYTES, 4096)?;
+        if let Slot::Valid(sb) = Superblock::decode(&slot) {
+            store = Some(sb.vlog_bytes);
+        }
+    }
+    match store {
+        None => {
+            return Err(EngineError::Corrupt(format!(
+                "{} holds no checkpointed store",
+                image.display()
+            )))
+        }
+        Some(vlog) if vlog != layout.data.1 * layout.page => {
+            return Err(EngineError::Config(format!(
+                "the config's layout is not this store's (a value log of {} bytes, the store's {vlog}): \
+                 pass the config its server runs with",
+                layout.data.1 * layout.page
+            )))
+        }
+        Some(_) => {}
+    }
+    let (area, page) = (layout.dump.1 - layout.page, layout.page);
+    let head = read_direct(&file, layout.dump.0, page as usize)?;
+    let header = parse_dump_header(&head, area, page)?;
+    let mut d = DumpEntries {
+        source: Source::Image {
+            file,
+            dump: layout.dump,
+            head,
+        },
+        area,
+        page,
+        exists: false,
+        keys: 0,
+        seen: 0,
+        start: 0,
+        body: 0,
+        read: 0,
+        crc_want: 0,
+        crc: 0,
+        decoder: BodyDecoder::new(DUMP_VERSION, 0),
+        over: false,
+    };
+    if let Some(h) = header {
+        d.exists = true;
+        d.keys = h.keys;
+        d.start = h.start;
+        d.body = h.body;
+        d.crc_want = h.crc;
+        d.decoder = BodyDecoder::new(h.version, h.body);
+    }
+    Ok(d)
 }
 
 /// Body bytes [`DumpEntries`] reads from the device at a time.
 const READ_CHUNK: usize = if cfg!(test) { 16 << 10 } else { 1 << 20 };
 
-/// The entries of a dump, read a chunk at a time ([`Engine::dump_entries`]).
+/// Which dump a [`DumpEntries`] reads ([`DumpEntries::id`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DumpId {
+    keys: u64,
+    body: u64,
+    crc: u32,
+    start: u64,
+}
+
+/// Where [`DumpEntries`] reads a dump file from.
+enum Source<'a> {
+    /// An open store, past its page cache.
+    Store(&'a Inner),
+    /// A store's image file, on its own ([`image_dump`]): the dump file at
+    /// `dump` (offset, bytes) in it, and its header page as first read.
+    Image {
+        file: std::fs::File,
+        dump: (u64, u64),
+        head: Vec<u8>,
+    },
+}
+
+impl Source<'_> {
+    /// `n` bytes of the dump file from `at` (a page boundary).
+    fn read(&self, at: u64, n: usize) -> Result<Vec<u8>, EngineError> {
+        match self {
+            Source::Store(inner) => Ok(inner
+                .cache
+                .start_read_through(inner.dump, at, n)?
+                .finish()?),
+            Source::Image { file, dump, .. } => read_direct(file, dump.0 + at, n),
+        }
+    }
+}
+
+/// `image` for reading with `O_DIRECT`, or without where its file system
+/// refuses it (tmpfs: there the server's writes go through the same page
+/// cache).
+fn open_image(image: &std::path::Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::{FileExt, OpenOptionsExt};
+    let direct = std::fs::File::options()
+        .read(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(image);
+    let refused = |e: &std::io::Error| e.raw_os_error() == Some(libc::EINVAL);
+    match direct {
+        // Some file systems take the flag at open and refuse the first read.
+        Ok(f) => {
+            let mut probe = critio::device::AlignedBuf::zeroed(4096);
+            match f.read_at(probe.as_mut_slice(), 0) {
+                Err(e) if refused(&e) => std::fs::File::open(image),
+                _ => Ok(f),
+            }
+        }
+        Err(e) if refused(&e) => std::fs::File::open(image),
+        Err(e) => Err(e),
+    }
+}
+
+/// `n` bytes of `file` from `at` (a page boundary), read with `O_DIRECT`
+/// (whole pages, into an aligned buffer) so that they are the device's,
+/// whatever the kernel's page cache holds of the file.
+fn read_direct(file: &std::fs::File, at: u64, n: usize) -> Result<Vec<u8>, EngineError> {
+    use std::os::unix::fs::FileExt;
+    const BLOCK: usize = 4096;
+    let mut buf = critio::device::AlignedBuf::zeroed(n.div_ceil(BLOCK).max(1) * BLOCK);
+    file.read_exact_at(buf.as_mut_slice(), at)
+        .map_err(|e| EngineError::Io(format!("cannot read the image at {at}: {e}")))?;
+    Ok(buf.as_slice()[..n].to_vec())
+}
+
+/// The entries of a dump, read a chunk at a time ([`Engine::dump_entries`],
+/// [`image_dump`]).
 pub struct DumpEntries<'a> {
-    inner: &'a Inner,
+    source: Source<'a>,
+    /// The dump file's body area and page, in bytes.
+    area: u64,
+    page: u64,
     /// A dump's header was found.
     exists: bool,
     /// Entries, as the header says.
@@ -508,6 +666,17 @@ impl DumpEntries<'_> {
         (self.body, self.read)
     }
 
+    /// Which dump this is, as its header says: two reads of the same dump
+    /// file have the same one unless a BGSAVE ended between them.
+    pub fn id(&self) -> DumpId {
+        DumpId {
+            keys: self.keys,
+            body: self.body,
+            crc: self.crc_want,
+            start: self.start,
+        }
+    }
+
     /// Reads the next chunk of the body into the decoder.
     fn fill(&mut self) -> Result<(), EngineError> {
         let chunk = self.fill_raw()?;
@@ -517,24 +686,48 @@ impl DumpEntries<'_> {
 
     /// Reads the next chunk of the body, adding it to the checksum.
     fn fill_raw(&mut self) -> Result<Vec<u8>, EngineError> {
-        let inner = self.inner;
-        let area = inner.dump_area();
+        let area = self.area;
         // Up to the area's end at most: a body wraps around it.
         let at = (self.start + self.read) % area;
         let n = (self.body - self.read)
             .min(READ_CHUNK as u64)
             .min(area - at) as usize;
-        let chunk = inner
-            .cache
-            .start_read_through(inner.dump, inner.layout.page + at, n)?
-            .finish()?;
+        let chunk = self.source.read(self.page + at, n)?;
         self.crc = crc32c::crc32c_append(self.crc, &chunk);
         self.read += n as u64;
         Ok(chunk)
     }
 
+    /// Reads the rest of the body for its checksum alone: Ok if the dump
+    /// is whole (or there is none), the error the entries would end in
+    /// otherwise ([`Engine::check_dump`]).
+    pub fn check(mut self) -> Result<(), EngineError> {
+        while self.read < self.body {
+            self.fill_raw()?;
+        }
+        if self.crc != self.crc_want {
+            return Err(EngineError::Corrupt("dump file: checksum".into()));
+        }
+        self.unchanged()
+    }
+
+    /// Read from an image on its own: whether the dump file's header is
+    /// still the one read first. A BGSAVE that ended meanwhile switched
+    /// it to its own dump, or erased it before it wrote over this body.
+    fn unchanged(&self) -> Result<(), EngineError> {
+        if let Source::Image { head, .. } = &self.source {
+            if self.source.read(0, head.len())? != *head {
+                return Err(EngineError::Busy(
+                    "a BGSAVE replaced the dump while it was read: run again",
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// The checks once the whole body is read: nothing left undecoded,
-    /// the checksum, the count.
+    /// the checksum, the count, and (from an image on its own) the header
+    /// unchanged.
     fn end(&self) -> Result<(), EngineError> {
         let bad = |why: String| EngineError::Corrupt(format!("dump file: {why}"));
         if !self.decoder.is_drained() {
@@ -543,6 +736,7 @@ impl DumpEntries<'_> {
         if self.crc != self.crc_want {
             return Err(bad("checksum".into()));
         }
+        self.unchanged()?;
         if self.seen != self.keys {
             return Err(bad(format!(
                 "{} entries where its header says {}",

@@ -73,7 +73,7 @@ use serde::{Deserialize, Serialize};
 pub use checkpoint::{BackgroundStats, CheckpointReport, Progress};
 pub use entry::{Entry, Value};
 pub use group::Deferred;
-pub use jobs::DumpEntries;
+pub use jobs::{image_dump, DumpEntries, DumpId};
 pub use layout::Layout;
 pub use ops::{FieldValues, Prefetch, SetOptions};
 pub use txn::{ExpireIf, Kind, SetOutcome, Txn};
@@ -215,6 +215,10 @@ pub enum EngineError {
     /// Stored data failed its checksum.
     #[error("ERR corrupt data: {0}")]
     Corrupt(String),
+    /// A file could not be opened or read (a store's image read on its
+    /// own: [`jobs::image_dump`]).
+    #[error("ERR {0}")]
+    Io(String),
     /// The log refused the write (it is not acknowledged).
     #[error("ERR write not logged: {0}")]
     Log(LogError),
