@@ -141,7 +141,7 @@ fn export<'a>(
     } else {
         let f = std::fs::File::create(&partial)
             .map_err(|e| format!("cannot create {}: {e}", partial.display()))?;
-        Box::new(f)
+        Box::new(Streamed::new(f))
     };
     let mut w = Written::new(BufWriter::with_capacity(1 << 20, sink));
     let now = SystemTime::now()
@@ -249,6 +249,89 @@ impl<W: Write> Write for Written<W> {
 
     fn flush(&mut self) -> std::io::Result<()> {
         self.inner.flush()
+    }
+}
+
+/// A file written front to back and not read again: every [`WINDOW`] its
+/// last window's pages go to the disk (`sync_file_range`) and the one's
+/// before are waited for and dropped from the page cache
+/// (`POSIX_FADV_DONTNEED`), so that an export of gigabytes never holds
+/// more than two windows dirty for the kernel to flush at once (beside a
+/// running server on a small machine, a gigabyte flushed at once held its
+/// requests up for tens of milliseconds) nor pushes others' pages out of
+/// the cache.
+struct Streamed {
+    file: std::fs::File,
+    /// Bytes written, and where the window being filled began.
+    at: u64,
+    window_start: u64,
+}
+
+/// [`Streamed`]'s window.
+const WINDOW: u64 = 8 << 20;
+
+impl Streamed {
+    fn new(file: std::fs::File) -> Self {
+        Self {
+            file,
+            at: 0,
+            window_start: 0,
+        }
+    }
+
+    /// Starts the full window's writeback; waits for the one before and
+    /// drops it from the cache.
+    fn turn(&mut self) -> std::io::Result<()> {
+        use rustix::fs::{fadvise, Advice};
+        let (start, len) = (self.window_start, self.at - self.window_start);
+        sync_range(&self.file, start, len, false)?;
+        if let Some(before) = start.checked_sub(WINDOW) {
+            sync_range(&self.file, before, WINDOW, true)?;
+            let _ = fadvise(
+                &self.file,
+                before,
+                std::num::NonZeroU64::new(WINDOW),
+                Advice::DontNeed,
+            );
+        }
+        self.window_start = self.at;
+        Ok(())
+    }
+}
+
+/// `sync_file_range` over `len` bytes of `file` from `at`: start their
+/// writeback, or (`wait`) also wait for it, before and after.
+fn sync_range(file: &std::fs::File, at: u64, len: u64, wait: bool) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let flags = if wait {
+        libc::SYNC_FILE_RANGE_WAIT_BEFORE
+            | libc::SYNC_FILE_RANGE_WRITE
+            | libc::SYNC_FILE_RANGE_WAIT_AFTER
+    } else {
+        libc::SYNC_FILE_RANGE_WRITE
+    };
+    // SAFETY: the call takes a descriptor `file` keeps open and integers;
+    // no memory is passed.
+    let r = unsafe { libc::sync_file_range(file.as_raw_fd(), at as i64, len as i64, flags) };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+impl Write for Streamed {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.file.write(buf)?;
+        self.at += n as u64;
+        if self.at - self.window_start >= WINDOW {
+            self.turn()?;
+        }
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.file.flush()
     }
 }
 
