@@ -29,8 +29,11 @@
 //! once for its checksum before anything is written
 //! ([`critio_kv::engine::DumpEntries::check`]). A BGSAVE that ends while
 //! a running server's dump is read makes the read end in an error (the
-//! header it began with has changed), handled as a damaged dump's, and
-//! between the check and the output pass, a refusal: nothing written.
+//! header it began with has changed, which the read checks after each
+//! chunk, so no command comes from bytes of two dumps): to a file,
+//! nothing is kept; between the check and the output pass, nothing is
+//! written; during the output pass to standard output, what went out is
+//! the start of the checked dump, and the command fails saying so.
 
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
@@ -112,9 +115,9 @@ fn export<'a>(
     let entries = open().map_err(|e| format!("cannot read the dump: {e}"))?;
     if !entries.exists() {
         return Err(
-            "the store holds no dump: run BGSAVE on its server (redis-cli -p PORT BGSAVE), \
-                    wait until INFO persistence says rdb_bgsave_in_progress:0, then run critio \
-                    dump"
+            "the store holds no dump (or a BGSAVE is writing over the last one): run BGSAVE on \
+             its server (redis-cli -p PORT BGSAVE), wait until INFO persistence says \
+             rdb_bgsave_in_progress:0, then run critio dump"
                 .to_owned(),
         );
     }
@@ -153,7 +156,12 @@ fn export<'a>(
     let mut last_note = Instant::now();
     let outcome = (|| -> Result<(), String> {
         for entry in entries {
-            let entry = entry.map_err(|e| format!("the dump is damaged or was replaced: {e}"))?;
+            let entry = entry.map_err(|e| match (&e, to_stdout) {
+                (EngineError::Busy(_), true) => {
+                    format!("{e}; the commands written so far are the start of the dump only")
+                }
+                _ => format!("the dump is damaged or was replaced: {e}"),
+            })?;
             if entry.expire_at_ms != 0 && entry.expire_at_ms <= now {
                 expired += 1;
                 continue;
@@ -252,19 +260,22 @@ impl<W: Write> Write for Written<W> {
     }
 }
 
-/// A file written front to back and not read again: every [`WINDOW`] its
-/// last window's pages go to the disk (`sync_file_range`) and the one's
-/// before are waited for and dropped from the page cache
-/// (`POSIX_FADV_DONTNEED`), so that an export of gigabytes never holds
+/// A file written front to back and not read again: every [`WINDOW`] or
+/// so its last window's pages go to the disk (`sync_file_range`) and the
+/// window's before are waited for and dropped from the page cache
+/// (`POSIX_FADV_DONTNEED`; the last window stays, flushed by the export's
+/// `fsync`), so that an export of gigabytes never holds
 /// more than two windows dirty for the kernel to flush at once (beside a
 /// running server on a small machine, a gigabyte flushed at once held its
 /// requests up for tens of milliseconds) nor pushes others' pages out of
 /// the cache.
 struct Streamed {
     file: std::fs::File,
-    /// Bytes written, and where the window being filled began.
+    /// Bytes written, where the window being filled began, and where the
+    /// one before it began (its writeback started, not yet waited for).
     at: u64,
     window_start: u64,
+    before: Option<u64>,
 }
 
 /// [`Streamed`]'s window.
@@ -276,24 +287,27 @@ impl Streamed {
             file,
             at: 0,
             window_start: 0,
+            before: None,
         }
     }
 
     /// Starts the full window's writeback; waits for the one before and
-    /// drops it from the cache.
+    /// drops it from the cache. (A window ends where the write that filled
+    /// it ended: a buffered writer's writes overshoot [`WINDOW`].)
     fn turn(&mut self) -> std::io::Result<()> {
         use rustix::fs::{fadvise, Advice};
-        let (start, len) = (self.window_start, self.at - self.window_start);
-        sync_range(&self.file, start, len, false)?;
-        if let Some(before) = start.checked_sub(WINDOW) {
-            sync_range(&self.file, before, WINDOW, true)?;
+        let start = self.window_start;
+        sync_range(&self.file, start, self.at - start, false)?;
+        if let Some(before) = self.before {
+            sync_range(&self.file, before, start - before, true)?;
             let _ = fadvise(
                 &self.file,
                 before,
-                std::num::NonZeroU64::new(WINDOW),
+                std::num::NonZeroU64::new(start - before),
                 Advice::DontNeed,
             );
         }
+        self.before = Some(start);
         self.window_start = self.at;
         Ok(())
     }

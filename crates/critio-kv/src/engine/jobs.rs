@@ -474,12 +474,14 @@ impl Engine {
 /// size) is refused. Reads are `O_DIRECT`, so they see what the server
 /// wrote, which writes the same way.
 ///
-/// The dump is the one whose header the first read found: the entries end
-/// in an error if the header has changed by the end of the body (a BGSAVE
-/// that ended meanwhile replaced it, or wrote over its body, which it only
-/// does after erasing the header), as for a damaged dump, so that a caller
-/// that keeps what it wrote only once the entries end without one (or
-/// runs [`DumpEntries::check`] first) never keeps a mix of two dumps.
+/// The dump is the one whose header the first read found: after each
+/// chunk, and at the body's end, the header is read again, and the
+/// entries end in an error (`Busy`) once it has changed (a BGSAVE that
+/// ended meanwhile replaced it, or one that outgrew the room beside it
+/// erased it before writing over its body). So every entry yielded comes
+/// from bytes of that one dump, but a read may end early: a caller that
+/// keeps what it wrote only once the entries end without an error never
+/// keeps a part of a dump.
 pub fn image_dump(
     image: &std::path::Path,
     cfg: &super::EngineConfig,
@@ -693,6 +695,11 @@ impl DumpEntries<'_> {
             .min(READ_CHUNK as u64)
             .min(area - at) as usize;
         let chunk = self.source.read(self.page + at, n)?;
+        // From an image on its own, the header still the one read first
+        // after the chunk: a BGSAVE erases it (durably) before it writes
+        // over a body, so the chunk was read whole, and no entry is ever
+        // decoded from bytes of two dumps.
+        self.unchanged()?;
         self.crc = crc32c::crc32c_append(self.crc, &chunk);
         self.read += n as u64;
         Ok(chunk)
@@ -712,8 +719,10 @@ impl DumpEntries<'_> {
     }
 
     /// Read from an image on its own: whether the dump file's header is
-    /// still the one read first. A BGSAVE that ended meanwhile switched
-    /// it to its own dump, or erased it before it wrote over this body.
+    /// still the one read first (checked after each chunk and at the end).
+    /// A BGSAVE that ended meanwhile switched it to its own dump, or one
+    /// that outgrew the room beside this one erased it before it wrote
+    /// over this body.
     fn unchanged(&self) -> Result<(), EngineError> {
         if let Source::Image { head, .. } = &self.source {
             if self.source.read(0, head.len())? != *head {
