@@ -24,7 +24,8 @@
 //!
 //! The dump's checksum covers its whole body, so it is known to be
 //! intact only once the last chunk is read: to a file, the commands go to
-//! `FILE.partial`, renamed to FILE (after an `fsync`) only then; to
+//! `FILE.partial` (locked, so that a second export to the same FILE at
+//! once is refused), renamed to FILE (after an `fsync`) only then; to
 //! standard output, which a reader may act on at once, the body is read
 //! once for its checksum before anything is written
 //! ([`critio_kv::engine::DumpEntries::check`]). A BGSAVE that ends while
@@ -139,11 +140,19 @@ fn export<'a>(
         entries
     };
     let partial = partial_path(out);
+    // The partial file's lock, held until it is renamed: a second export
+    // to the same FILE at once is refused rather than write over this
+    // one's (a lock dies with its process: a killed export's partial
+    // file is taken over).
+    let mut held = None;
     let sink: Box<dyn Write> = if to_stdout {
         Box::new(std::io::stdout().lock())
     } else {
-        let f = std::fs::File::create(&partial)
-            .map_err(|e| format!("cannot create {}: {e}", partial.display()))?;
+        let f = take_partial(&partial)?;
+        held = Some(
+            f.try_clone()
+                .map_err(|e| format!("cannot write {}: {e}", partial.display()))?,
+        );
         Box::new(Streamed::new(f))
     };
     let mut w = Written::new(BufWriter::with_capacity(1 << 20, sink));
@@ -192,12 +201,9 @@ fn export<'a>(
         }
         return Err(e);
     }
-    if !to_stdout {
-        let f = std::fs::File::options()
-            .write(true)
-            .open(&partial)
-            .and_then(|f| f.sync_all());
+    if let Some(f) = held {
         let done = f
+            .sync_all()
             .and_then(|()| std::fs::rename(&partial, out))
             .and_then(|()| sync_dir_of(out));
         if let Err(e) = done {
@@ -227,6 +233,32 @@ fn sync_dir_of(path: &Path) -> std::io::Result<()> {
         _ => Path::new("."),
     };
     std::fs::File::open(dir)?.sync_all()
+}
+
+/// Opens `partial` for an export, empty, with its lock (`flock`) taken;
+/// refused while another export holds it.
+fn take_partial(partial: &Path) -> Result<std::fs::File, String> {
+    use rustix::fs::{flock, FlockOperation};
+    let f = std::fs::File::options()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(partial)
+        .map_err(|e| format!("cannot create {}: {e}", partial.display()))?;
+    match flock(&f, FlockOperation::NonBlockingLockExclusive) {
+        Err(e) if e == rustix::io::Errno::WOULDBLOCK => {
+            return Err(format!(
+                "another critio dump is writing to the same file ({} is locked): wait for it, \
+                 or choose another --out",
+                partial.display()
+            ))
+        }
+        // A file system without locks: as before them.
+        _ => {}
+    }
+    f.set_len(0)
+        .map_err(|e| format!("cannot write {}: {e}", partial.display()))?;
+    Ok(f)
 }
 
 /// Where a file export is written until the dump has been read whole.

@@ -198,6 +198,32 @@ fn the_last_bgsave_loads_into_a_new_server_as_it_was() {
     stock_redis_loads(&out, far);
     drop(fresh);
 
+    // A second export to the same file while one runs (its partial file
+    // locked): refused, the running one's file left alone; once that one
+    // is gone (its lock with it), its partial file is taken over.
+    let (second, second_partial) = (
+        dir.path().join("second.resp"),
+        dir.path().join("second.resp.partial"),
+    );
+    std::fs::write(&second_partial, b"another export's commands").unwrap();
+    let running = std::fs::File::open(&second_partial).unwrap();
+    rustix::fs::flock(&running, rustix::fs::FlockOperation::LockExclusive).unwrap();
+    let o = dump(&data, &second);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && err.contains("another critio dump"),
+        "{err}"
+    );
+    assert_eq!(
+        std::fs::read(&second_partial).unwrap(),
+        b"another export's commands"
+    );
+    assert!(!second.exists());
+    drop(running);
+    let o = dump(&data, &second);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(std::fs::read(&second).unwrap() == commands && !second_partial.exists());
+
     // One byte of the dump's body damaged: refused, and nothing written,
     // to a file or to standard output.
     damage_dump(&data.join("critio.img"));
