@@ -272,20 +272,15 @@ impl Inner {
         Ok(())
     }
 
-    /// The body area's bytes: the dump file less its header page.
-    fn dump_area(&self) -> u64 {
-        self.layout.dump.1 - self.layout.page
-    }
-
     /// The last complete dump's header, if the header page holds one.
     fn dump_header(&self) -> Result<Option<DumpHeader>, EngineError> {
         let mut head = vec![0u8; self.layout.page as usize];
         self.cache.read_through(self.dump, 0, &mut head)?;
-        parse_dump_header(&head, self.dump_area(), self.layout.page)
+        parse_dump_header(&head, self.layout.dump_area(), self.layout.page)
     }
 
     fn write_dump(&self, (from, to): (u64, u64), now: u64) -> Result<DumpSize, EngineError> {
-        let (area, page) = (self.dump_area(), self.layout.page);
+        let (area, page) = (self.layout.dump_area(), self.layout.page);
         // The new body goes where the last one ends. A header that does
         // not read (damaged, or a read error that may pass) keeps nothing,
         // and it is erased first, as one about to be overwritten is: a
@@ -427,33 +422,13 @@ impl Engine {
             ));
         }
         let inner = &*self.inner;
-        let none = DumpEntries {
-            source: Source::Store(inner),
-            area: inner.dump_area(),
-            page: inner.layout.page,
-            exists: false,
-            keys: 0,
-            seen: 0,
-            start: 0,
-            body: 0,
-            read: 0,
-            crc_want: 0,
-            crc: 0,
-            decoder: BodyDecoder::new(DUMP_VERSION, 0),
-            over: false,
-        };
-        let Some(h) = inner.dump_header()? else {
-            return Ok(none);
-        };
-        Ok(DumpEntries {
-            exists: true,
-            keys: h.keys,
-            start: h.start,
-            body: h.body,
-            crc_want: h.crc,
-            decoder: BodyDecoder::new(h.version, h.body),
-            ..none
-        })
+        let header = inner.dump_header()?;
+        Ok(DumpEntries::new(
+            Source::Store(inner),
+            inner.layout.dump_area(),
+            inner.layout.page,
+            header,
+        ))
     }
 
     /// Reads the last dump's body for its checksum alone, a chunk at a
@@ -518,37 +493,15 @@ pub fn image_dump(
         }
         Some(_) => {}
     }
-    let (area, page) = (layout.dump.1 - layout.page, layout.page);
+    let (area, page) = (layout.dump_area(), layout.page);
     let head = read_direct(&file, layout.dump.0, page as usize)?;
     let header = parse_dump_header(&head, area, page)?;
-    let mut d = DumpEntries {
-        source: Source::Image {
-            file,
-            dump: layout.dump,
-            head,
-        },
-        area,
-        page,
-        exists: false,
-        keys: 0,
-        seen: 0,
-        start: 0,
-        body: 0,
-        read: 0,
-        crc_want: 0,
-        crc: 0,
-        decoder: BodyDecoder::new(DUMP_VERSION, 0),
-        over: false,
+    let source = Source::Image {
+        file,
+        dump: layout.dump,
+        head,
     };
-    if let Some(h) = header {
-        d.exists = true;
-        d.keys = h.keys;
-        d.start = h.start;
-        d.body = h.body;
-        d.crc_want = h.crc;
-        d.decoder = BodyDecoder::new(h.version, h.body);
-    }
-    Ok(d)
+    Ok(DumpEntries::new(source, area, page, header))
 }
 
 /// Body bytes [`DumpEntries`] reads from the device at a time.
@@ -651,7 +604,31 @@ pub struct DumpEntries<'a> {
     over: bool,
 }
 
-impl DumpEntries<'_> {
+impl<'a> DumpEntries<'a> {
+    /// The dump `header` describes (None: no dump) in a dump file of a
+    /// body `area` in pages of `page`, read from `source`.
+    fn new(source: Source<'a>, area: u64, page: u64, header: Option<DumpHeader>) -> Self {
+        let h = header.as_ref();
+        DumpEntries {
+            source,
+            area,
+            page,
+            exists: header.is_some(),
+            keys: h.map_or(0, |h| h.keys),
+            seen: 0,
+            start: h.map_or(0, |h| h.start),
+            body: h.map_or(0, |h| h.body),
+            read: 0,
+            crc_want: h.map_or(0, |h| h.crc),
+            crc: 0,
+            decoder: BodyDecoder::new(
+                h.map_or(DUMP_VERSION, |h| h.version),
+                h.map_or(0, |h| h.body),
+            ),
+            over: false,
+        }
+    }
+
     /// Whether there is a dump (a BGSAVE of an empty store has one, with
     /// no entries).
     pub fn exists(&self) -> bool {

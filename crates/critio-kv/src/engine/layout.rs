@@ -31,6 +31,11 @@ pub struct Layout {
 }
 
 impl Layout {
+    /// The dump file's body area, in bytes: the file less its header page.
+    pub(crate) fn dump_area(&self) -> u64 {
+        self.dump.1 - self.page
+    }
+
     /// Lays out a device of `capacity` bytes with a log of `log_bytes` and a
     /// dump file of `dump_pct` percent of what remains.
     pub fn new(
