@@ -51,6 +51,64 @@ fn set(e: &Engine, k: &str, v: &[u8]) {
     assert!(e.set(k.as_bytes(), v, SetOptions::default()).unwrap());
 }
 
+/// BGSAVE, waited for (a minute at most); the background figures after.
+fn bgsave_done(e: &Engine) -> critio_kv::engine::BackgroundStats {
+    e.bgsave().unwrap();
+    let start = std::time::Instant::now();
+    while e.background_running() != (false, false) {
+        assert!(start.elapsed().as_secs() < 60, "the BGSAVE never ended");
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+    e.background_stats()
+}
+
+/// Sets `k{i}` for each i of `keys` to 2000 random bytes (a dump of them
+/// is as large as they are); the keys and values set.
+fn fill_random(
+    e: &Engine,
+    rng: &mut SmallRng,
+    keys: std::ops::Range<usize>,
+) -> Vec<(Vec<u8>, Vec<u8>)> {
+    keys.map(|i| {
+        let v: Vec<u8> = (0..2000).map(|_| rng.gen()).collect();
+        set(e, &format!("k{i}"), &v);
+        (format!("k{i}").into_bytes(), v)
+    })
+    .collect()
+}
+
+/// `len` bytes at `at` in the dump file of a store of `cfg` on `mem`, read
+/// from the device.
+fn dump_file_bytes(mem: &MemDevice, cfg: &EngineConfig, at: u64, len: usize) -> Vec<u8> {
+    use critio::device::{submit_and_wait, Command};
+    let layout =
+        critio_kv::engine::Layout::new(mem.info().capacity, cfg.log_bytes, cfg.dump_pct, 4096)
+            .unwrap();
+    let r = submit_and_wait(
+        mem,
+        Command::read(layout.dump.0 + at, len, critio::context::Class::NonCritical),
+    );
+    r.result.unwrap();
+    r.buf.as_slice().to_vec()
+}
+
+/// Writes `page` over the dump file's header page on `mem`.
+fn write_dump_header_page(mem: &MemDevice, cfg: &EngineConfig, page: &[u8]) {
+    use critio::device::{submit_and_wait, AlignedBuf, Command};
+    let layout =
+        critio_kv::engine::Layout::new(mem.info().capacity, cfg.log_bytes, cfg.dump_pct, 4096)
+            .unwrap();
+    let w = submit_and_wait(
+        mem,
+        Command::write(
+            layout.dump.0,
+            AlignedBuf::from_slice(page),
+            critio::context::Class::NonCritical,
+        ),
+    );
+    w.result.unwrap();
+}
+
 #[test]
 fn every_operation_behaves_like_redis() {
     let e = open_on(Arc::new(MemDevice::new(32 * MIB)), MIB).unwrap();
@@ -449,25 +507,12 @@ fn a_failed_bgsave_leaves_no_dump_rather_than_a_damaged_one() {
     };
     let e = Engine::open(&stack, cfg).unwrap();
     let mut rng = SmallRng::seed_from_u64(6);
-    let mut fill = |keys: std::ops::Range<usize>| {
-        for i in keys {
-            let v: Vec<u8> = (0..2000).map(|_| rng.gen()).collect();
-            set(&e, &format!("k{i}"), &v);
-        }
-    };
-    let bgsave = |e: &Engine| {
-        e.bgsave().unwrap();
-        while e.background_running() != (false, false) {
-            std::thread::sleep(std::time::Duration::from_millis(2));
-        }
-        e.background_stats()
-    };
-    fill(0..1000);
-    assert!(bgsave(&e).last_error.is_none());
+    fill_random(&e, &mut rng, 0..1000);
+    assert!(bgsave_done(&e).last_error.is_none());
     assert_eq!(e.read_dump().unwrap().len(), 1000);
     // About 7 MiB of random bytes: the next dump does not fit.
-    fill(1000..3500);
-    let s = bgsave(&e);
+    fill_random(&e, &mut rng, 1000..3500);
+    let s = bgsave_done(&e);
     assert!(
         s.last_error
             .as_deref()
@@ -654,8 +699,6 @@ fn the_value_log_wraps_and_cleans_without_losing_a_key() {
 /// over a body written across.
 #[test]
 fn an_unreadable_dump_header_is_erased_before_the_next_dump_writes() {
-    use critio::context::Class;
-    use critio::device::{submit_and_wait, Command};
     let mem = Arc::new(MemDevice::new(64 * MIB));
     // A dump file of 6 MiB.
     let cfg = EngineConfig {
@@ -664,42 +707,18 @@ fn an_unreadable_dump_header_is_erased_before_the_next_dump_writes() {
     };
     let e = Engine::open(&stack_on(mem.clone(), 16 * MIB, log_config()), cfg).unwrap();
     let mut rng = SmallRng::seed_from_u64(9);
-    let mut fill = |keys: std::ops::Range<usize>| {
-        for i in keys {
-            let v: Vec<u8> = (0..2000).map(|_| rng.gen()).collect();
-            set(&e, &format!("k{i}"), &v);
-        }
-    };
-    let bgsave = |e: &Engine| {
-        e.bgsave().unwrap();
-        while e.background_running() != (false, false) {
-            std::thread::sleep(std::time::Duration::from_millis(2));
-        }
-        e.background_stats()
-    };
-    fill(0..1000);
-    assert!(bgsave(&e).last_error.is_none());
-    let layout = critio_kv::engine::Layout::new(64 * MIB, cfg.log_bytes, 10, 4096).unwrap();
-    let r = submit_and_wait(
-        &*mem,
-        Command::read(layout.dump.0, 4096, Class::NonCritical),
-    );
-    r.result.unwrap();
-    let mut page = r.buf.as_slice().to_vec();
+    fill_random(&e, &mut rng, 0..1000);
+    assert!(bgsave_done(&e).last_error.is_none());
+    let mut page = dump_file_bytes(&mem, &cfg, 0, 4096);
     page[4..8].copy_from_slice(&9u32.to_le_bytes());
-    let buf = critio::device::AlignedBuf::from_slice(&page);
-    let w = submit_and_wait(
-        &*mem,
-        Command::write(layout.dump.0, buf, Class::NonCritical),
-    );
-    w.result.unwrap();
+    write_dump_header_page(&mem, &cfg, &page);
     assert!(
         matches!(e.read_dump(), Err(EngineError::Corrupt(ref m)) if m.contains("version")),
         "the header does not read"
     );
     // About 7 MiB of random bytes: the next dump does not fit.
-    fill(1000..3500);
-    let s = bgsave(&e);
+    fill_random(&e, &mut rng, 1000..3500);
+    let s = bgsave_done(&e);
     assert!(
         s.last_error
             .as_deref()
@@ -769,23 +788,6 @@ fn a_bgsave_cut_short_leaves_the_last_dump_and_the_next_wraps_around_the_file() 
     let e = Engine::open(&stack_on(dev.clone(), 16 * MIB, log_config()), cfg).unwrap();
     let mut rng = SmallRng::seed_from_u64(8);
     let mut now: HashMap<Vec<u8>, Vec<u8>> = HashMap::new();
-    // Random bytes, so a dump is as large as its values.
-    let mut fill = |e: &Engine, keys: std::ops::Range<usize>, now: &mut HashMap<_, _>| {
-        for i in keys {
-            let v: Vec<u8> = (0..2000).map(|_| rng.gen()).collect();
-            set(e, &format!("k{i}"), &v);
-            now.insert(format!("k{i}").into_bytes(), v);
-        }
-    };
-    let bgsave = |e: &Engine| {
-        e.bgsave().unwrap();
-        let start = std::time::Instant::now();
-        while e.background_running() != (false, false) {
-            assert!(start.elapsed().as_secs() < 60, "the BGSAVE never ended");
-            std::thread::sleep(std::time::Duration::from_millis(2));
-        }
-        e.background_stats()
-    };
     let dump = |e: &Engine| -> HashMap<Vec<u8>, Vec<u8>> {
         let entries = e.read_dump().unwrap();
         let n = entries.len();
@@ -801,14 +803,14 @@ fn a_bgsave_cut_short_leaves_the_last_dump_and_the_next_wraps_around_the_file() 
     };
 
     // The first dump, about 2 MiB.
-    fill(&e, 0..1000, &mut now);
-    assert!(bgsave(&e).last_error.is_none());
+    now.extend(fill_random(&e, &mut rng, 0..1000));
+    assert!(bgsave_done(&e).last_error.is_none());
     let first = now.clone();
     assert!(dump(&e) == first);
 
     // The second, about 3.5 MiB (it fits beside the first), cut short by
     // the power while its first write is in flight.
-    fill(&e, 200..1800, &mut now);
+    now.extend(fill_random(&e, &mut rng, 200..1800));
     dev.hold.store(true, SeqCst);
     e.bgsave().unwrap();
     let start = std::time::Instant::now();
@@ -821,7 +823,9 @@ fn a_bgsave_cut_short_leaves_the_last_dump_and_the_next_wraps_around_the_file() 
     assert!(e.background_running().0, "cut while it runs");
     faulty.power_cut().unwrap();
     dev.release();
+    let cut = std::time::Instant::now();
     while e.background_running() != (false, false) {
+        assert!(cut.elapsed().as_secs() < 60, "the cut BGSAVE never ended");
         std::thread::sleep(std::time::Duration::from_millis(2));
     }
     let s = e.background_stats();
@@ -837,7 +841,7 @@ fn a_bgsave_cut_short_leaves_the_last_dump_and_the_next_wraps_around_the_file() 
     }
 
     // The second again, whole this time, beside the first.
-    assert!(bgsave(&e).last_error.is_none());
+    assert!(bgsave_done(&e).last_error.is_none());
     assert!(dump(&e) == now);
     // A third, of about 1.2 MiB: it starts near the file's end, where the
     // second ends, and wraps around to its start.
@@ -845,22 +849,16 @@ fn a_bgsave_cut_short_leaves_the_last_dump_and_the_next_wraps_around_the_file() 
         assert_eq!(e.del(&[format!("k{i}").as_bytes()]).unwrap(), 1);
         now.remove(format!("k{i}").as_bytes());
     }
-    assert!(bgsave(&e).last_error.is_none());
+    assert!(bgsave_done(&e).last_error.is_none());
     assert!(dump(&e) == now);
     e.check_dump().unwrap();
     // It did wrap: its header (version 3) puts its start within the
     // body area and its end past the area's end. (The dump's writes go
     // around the cache and are flushed: the device has them.)
-    use critio::device::{submit_and_wait, Command};
     let layout = critio_kv::engine::Layout::new(64 * MIB, cfg.log_bytes, 10, 4096).unwrap();
     let area = layout.dump.1 - 4096;
     let header = || {
-        let head = submit_and_wait(
-            &*mem,
-            Command::read(layout.dump.0, 4096, critio::context::Class::NonCritical),
-        );
-        head.result.unwrap();
-        let head = head.buf.as_slice();
+        let head = dump_file_bytes(&mem, &cfg, 0, 4096);
         assert_eq!(&head[..8], b"CKVD\x03\0\0\0");
         let word = |at: usize| u64::from_le_bytes(head[at..at + 8].try_into().unwrap());
         (word(16), word(28)) // body bytes, start
@@ -873,8 +871,8 @@ fn a_bgsave_cut_short_leaves_the_last_dump_and_the_next_wraps_around_the_file() 
     // A fourth, of about 5.2 MiB: more than the room beside the third,
     // so it erases the third's header and writes over part of its body,
     // and is whole all the same.
-    fill(&e, 2000..4100, &mut now);
-    assert!(bgsave(&e).last_error.is_none());
+    now.extend(fill_random(&e, &mut rng, 2000..4100));
+    assert!(bgsave_done(&e).last_error.is_none());
     assert!(dump(&e) == now);
     let (body4, start4) = header();
     let len = body.div_ceil(4096) * 4096;
@@ -891,26 +889,13 @@ fn a_bgsave_cut_short_leaves_the_last_dump_and_the_next_wraps_around_the_file() 
 /// it.
 #[test]
 fn a_version_2_dump_still_reads_and_is_kept_by_the_next_bgsave() {
-    use critio::context::Class;
-    use critio::device::{submit_and_wait, Command};
     let mem = Arc::new(MemDevice::new(64 * MIB));
     let cfg = EngineConfig {
         dump_pct: 10,
         ..small_config()
     };
-    let layout = critio_kv::engine::Layout::new(64 * MIB, cfg.log_bytes, 10, 4096).unwrap();
-    let head = |mem: &MemDevice| {
-        let r = submit_and_wait(mem, Command::read(layout.dump.0, 4096, Class::NonCritical));
-        r.result.unwrap();
-        r.buf.as_slice().to_vec()
-    };
-    let wait = |e: &Engine| {
-        e.bgsave().unwrap();
-        while e.background_running() != (false, false) {
-            std::thread::sleep(std::time::Duration::from_millis(2));
-        }
-        assert!(e.background_stats().last_error.is_none());
-    };
+    let head = |mem: &MemDevice| dump_file_bytes(mem, &cfg, 0, 4096);
+    let wait = |e: &Engine| assert!(bgsave_done(e).last_error.is_none());
     let e = Engine::open(&stack_on(mem.clone(), 16 * MIB, log_config()), cfg).unwrap();
     for i in 0..300 {
         set(&e, &format!("k{i}"), format!("one {i}").as_bytes());
@@ -924,22 +909,12 @@ fn a_version_2_dump_still_reads_and_is_kept_by_the_next_bgsave() {
     assert_eq!(&page[28..36], &0u64.to_le_bytes());
     page[4..8].copy_from_slice(&2u32.to_le_bytes());
     page[28..36].fill(0xee); // not read in version 2
-    let buf = critio::device::AlignedBuf::from_slice(&page);
-    let w = submit_and_wait(
-        &*mem,
-        Command::write(layout.dump.0, buf, Class::NonCritical),
-    );
-    w.result.unwrap();
+    write_dump_header_page(&mem, &cfg, &page);
 
     let body_of = |page: &[u8]| u64::from_le_bytes(page[16..24].try_into().unwrap());
     let v2_body = |mem: &MemDevice| {
         let len = body_of(&head(mem)).div_ceil(4096) as usize * 4096;
-        let r = submit_and_wait(
-            mem,
-            Command::read(layout.dump.0 + 4096, len, Class::NonCritical),
-        );
-        r.result.unwrap();
-        r.buf.as_slice().to_vec()
+        dump_file_bytes(mem, &cfg, 4096, len)
     };
     let before = v2_body(&mem);
 
@@ -968,12 +943,10 @@ fn a_version_2_dump_still_reads_and_is_kept_by_the_next_bgsave() {
     assert_eq!(&page[4..8], &3u32.to_le_bytes());
     assert_eq!(start, before.len() as u64);
     assert!(body_of(&page) > 0);
-    let r = submit_and_wait(
-        &*mem,
-        Command::read(layout.dump.0 + 4096, before.len(), Class::NonCritical),
+    assert!(
+        dump_file_bytes(&mem, &cfg, 4096, before.len()) == before,
+        "the version 2 body kept"
     );
-    r.result.unwrap();
-    assert!(r.buf.as_slice() == &before[..], "the version 2 body kept");
 }
 
 #[test]
