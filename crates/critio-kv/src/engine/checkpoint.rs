@@ -181,17 +181,16 @@ pub struct BackgroundStats {
 }
 
 /// Reads both superblock slots: the newest valid one, if any.
-fn load_superblock(
-    block: &critio::block::BlockLayer,
-    layout: &Layout,
+/// The current checkpoint's superblock, of the two slots `read` returns
+/// (given each one's offset): the valid one with the higher sequence, if
+/// any; refused if a slot holds another format version.
+pub(crate) fn current_superblock(
+    mut read: impl FnMut(u64) -> Result<Vec<u8>, EngineError>,
 ) -> Result<Option<Superblock>, EngineError> {
     let mut best: Option<Superblock> = None;
     for i in 0..2 {
-        let buf = block.read(
-            SUPERBLOCK_OFFSET + i * SUPERBLOCK_BYTES,
-            SUPERBLOCK_BYTES as usize,
-        )?;
-        match Superblock::decode(buf.as_slice()) {
+        let buf = read(SUPERBLOCK_OFFSET + i * SUPERBLOCK_BYTES)?;
+        match Superblock::decode(&buf) {
             Slot::Valid(sb) if best.is_none_or(|b| sb.seq > b.seq) => best = Some(sb),
             Slot::OtherVersion(v) => {
                 return Err(EngineError::Config(format!(
@@ -202,6 +201,19 @@ fn load_superblock(
             _ => {}
         }
     }
+    Ok(best)
+}
+
+fn load_superblock(
+    block: &critio::block::BlockLayer,
+    layout: &Layout,
+) -> Result<Option<Superblock>, EngineError> {
+    let best = current_superblock(|at| {
+        Ok(block
+            .read(at, SUPERBLOCK_BYTES as usize)?
+            .as_slice()
+            .to_vec())
+    })?;
     if let Some(sb) = best {
         if sb.vlog_bytes != layout.data.1 * layout.page || u64::from(sb.page_bytes) != layout.page {
             return Err(EngineError::Config(format!(

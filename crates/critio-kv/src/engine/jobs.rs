@@ -461,8 +461,7 @@ pub fn image_dump(
     image: &std::path::Path,
     cfg: &super::EngineConfig,
 ) -> Result<DumpEntries<'static>, EngineError> {
-    use super::layout::{Layout, SUPERBLOCK_BYTES, SUPERBLOCK_OFFSET};
-    use super::superblock::{Slot, Superblock};
+    use super::layout::{Layout, SUPERBLOCK_BYTES};
     let file = open_image(image)
         .map_err(|e| EngineError::Io(format!("cannot open {}: {e}", image.display())))?;
     let capacity = file
@@ -470,14 +469,10 @@ pub fn image_dump(
         .map_err(|e| EngineError::Io(format!("{}: {e}", image.display())))?
         .len();
     let layout = Layout::new(capacity, cfg.log_bytes, cfg.dump_pct, 4096)?;
-    let mut store = None;
-    for i in 0..2 {
-        let slot = read_direct(&file, SUPERBLOCK_OFFSET + i * SUPERBLOCK_BYTES, 4096)?;
-        if let Slot::Valid(sb) = Superblock::decode(&slot) {
-            store = Some(sb.vlog_bytes);
-        }
-    }
-    match store {
+    let sb = super::checkpoint::current_superblock(|at| {
+        read_direct(&file, at, SUPERBLOCK_BYTES as usize)
+    })?;
+    match sb.map(|sb| sb.vlog_bytes) {
         None => {
             return Err(EngineError::Corrupt(format!(
                 "{} holds no checkpointed store",
